@@ -1,0 +1,96 @@
+from decimal import Decimal, localcontext
+from fractions import Fraction
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from kubernetes.utils import parse_quantity as client_parse_quantity
+
+from webhook.kube.quantity import QuantityError, base_units, format_amount, parse_quantity
+
+SUFFIXES = ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei", "n", "u", "m", "k", "M", "G", "T", "P", "E"]
+digits = st.text("0123456789", min_size=1, max_size=12)
+
+
+@st.composite
+def kubernetes_quantities(draw) -> str:
+    """Strings in apimachinery's quantity grammar."""
+    sign = draw(st.sampled_from(["", "+", "-"]))
+    whole = draw(digits)
+    frac = draw(st.one_of(st.just(""), st.just("."), digits.map(lambda d: "." + d)))
+    if draw(st.booleans()):
+        suffix = draw(st.sampled_from(SUFFIXES))
+    else:
+        suffix = draw(st.sampled_from("eE")) + draw(st.sampled_from(["", "+", "-"]))
+        suffix += str(draw(st.integers(0, 20)))
+    return sign + whole + frac + suffix
+
+
+def client_value(text) -> Fraction:
+    """The client's value computed exactly (its Decimal context rounds past 28 digits)."""
+    with localcontext() as ctx:
+        ctx.prec = 200
+        return Fraction(client_parse_quantity(text))
+
+
+@given(kubernetes_quantities())
+def test_parser_equals_the_kubernetes_client_on_the_quantity_grammar(text):
+    assert parse_quantity(text) == client_value(text)
+
+
+@given(st.text(alphabet="0123456789.+-eEKMGTPinumk_ ", max_size=10))
+def test_parser_accepts_nothing_the_kubernetes_client_would_refuse(text):
+    try:
+        ours = parse_quantity(text)
+    except QuantityError:
+        return
+    assert ours == client_value(text)
+
+
+@given(st.integers(min_value=0, max_value=2**62))
+def test_integer_yaml_numbers_are_exact(number):
+    assert parse_quantity(number) == number
+
+
+@pytest.mark.parametrize("text", ["1K", "1_000", "NaN", "Infinity", "", "1 Gi", "Gi", "1ki", "1.2.3", "0x10"])
+def test_strings_the_api_server_rejects_are_errors(text):
+    with pytest.raises(QuantityError):
+        parse_quantity(text)
+
+
+def test_booleans_and_lists_are_not_quantities():
+    with pytest.raises(QuantityError):
+        parse_quantity(True)
+    with pytest.raises(QuantityError):
+        parse_quantity([1])
+
+
+@pytest.mark.parametrize(
+    ("resource", "value", "expected"),
+    [
+        ("cpu", "100m", 100),
+        ("cpu", "0.1", 100),
+        ("cpu", 0.1, 100),  # the float 0.1 is the decimal 0.1, not 0.1000000000000000055
+        ("cpu", "1", 1000),
+        ("cpu", "1n", 1),  # MilliValue rounds up
+        ("memory", "1Ki", 1024),
+        ("memory", "1.5", 2),  # Value rounds up
+        ("memory", "1e3", 1000),
+        ("memory", "128974848", 128974848),
+        ("nvidia.com/gpu", 2, 2),
+    ],
+)
+def test_base_units_round_up_like_the_kubelet(resource, value, expected):
+    assert base_units(resource, parse_quantity(value)) == expected
+
+
+@given(st.decimals(min_value=0, max_value=10**6, places=3, allow_nan=False))
+def test_cpu_millis_are_the_ceiling_of_a_thousandfold(value: Decimal):
+    assert base_units("cpu", parse_quantity(str(value))) == int((value * 1000).to_integral_value("ROUND_CEILING"))
+
+
+def test_amounts_are_shown_in_familiar_units():
+    assert format_amount("cpu", 1500) == "1500m"
+    assert format_amount("cpu", 2000) == "2"
+    assert format_amount("memory", 2 * 1024**3) == "2Gi"
+    assert format_amount("nvidia.com/gpu", 3) == "3"

@@ -1,0 +1,16 @@
+"""``nodename.Fits``: the pod's nodeName, if set, must be this node. Spec §6."""
+
+from __future__ import annotations
+
+from .failure import Failure, predicate_failure
+
+
+def node_name_mismatch(pod, node) -> Failure | None:
+    wanted = pod.spec.get("nodeName")
+    if not wanted or wanted == node.name:
+        return None
+    return predicate_failure(
+        "NodeName",
+        "node(s) didn't match the requested node name",
+        f"spec.nodeName is {wanted}, not {node.name}",
+    )

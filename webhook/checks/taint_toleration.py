@@ -1,0 +1,19 @@
+"""The kubelet's taint check: only ``NoExecute`` taints (``predicate.go`` ``generalFilter``). Spec §8."""
+
+from __future__ import annotations
+
+from ..kube.tolerations import untolerated_taint
+from .failure import Failure, predicate_failure
+
+_NO_EXECUTE = frozenset({"NoExecute"})
+
+
+def untolerated_no_execute_taint(pod, node) -> Failure | None:
+    taint = untolerated_taint(node.taints, pod.spec.get("tolerations"), _NO_EXECUTE)
+    if taint is None:
+        return None
+    return predicate_failure(
+        "TaintToleration",
+        "node(s) had taints that the pod didn't tolerate",
+        f"node {node.name} has taint {taint} and the pod has no matching toleration",
+    )

@@ -1,0 +1,159 @@
+"""The ``admit-guard`` command line: the engine's dry-run face for CI and for people."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import click
+import orjson
+
+from .config import Config, ConfigError, load_config
+from .engine import Decision, evaluate
+from .kube.errors import FieldError
+from .manifests import Document, ManifestError, read_documents
+from .state import ClusterState
+from .state.snapshot import SnapshotError, load_snapshot
+
+EXIT_DENIED = 1
+EXIT_INPUT_ERROR = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    document: Document
+    decision: Decision
+
+    @property
+    def namespace_and_name(self) -> tuple[str, str]:
+        metadata = self.document.obj.get("metadata")
+        metadata = metadata if isinstance(metadata, dict) else {}
+        return metadata.get("namespace") or "default", metadata.get("name") or metadata.get(
+            "generateName"
+        ) or ""
+
+    def as_json(self) -> dict[str, Any]:
+        namespace, name = self.namespace_and_name
+        return {
+            "file": self.document.location.file,
+            "kind": self.document.obj["kind"],
+            "namespace": namespace,
+            "name": name,
+            "allowed": self.decision.allowed,
+            "violations": [
+                {"policy": v.policy, "reason": v.reason, "message": v.message, "node": v.node}
+                for v in self.decision.violations
+            ],
+            "warnings": self.decision.warnings,
+            "patch": self.decision.patch,
+        }
+
+
+def _load_config(path: str | None) -> Config:
+    if path is None:
+        return Config()
+    try:
+        return load_config(path)
+    except ConfigError as err:
+        raise click.ClickException(str(err)) from None
+
+
+def _load_state(paths: tuple[str, ...]) -> ClusterState | None:
+    if not paths:
+        return None
+    try:
+        return load_snapshot(paths)
+    except SnapshotError as err:
+        raise click.ClickException("cluster snapshot:\n  " + "\n  ".join(err.problems)) from None
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="admit-guard")
+def main() -> None:
+    """Stop pinned-nodeName pod storms and mixed-scheduler device conflicts before they start."""
+
+
+@main.command()
+@click.option(
+    "-f",
+    "--filename",
+    "files",
+    multiple=True,
+    required=True,
+    help="Manifest file or directory (repeatable); '-' reads stdin.",
+)
+@click.option(
+    "--cluster",
+    "cluster",
+    multiple=True,
+    help="Cluster snapshot: 'kubectl get nodes,pods -A -o yaml' output (repeatable).",
+)
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Policy config file.")
+@click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option(
+    "--operation", type=click.Choice(["CREATE", "UPDATE"]), default="CREATE", show_default=True, hidden=True
+)
+@click.option("--as", "user", default="", help="Evaluate as this user (for exemptions), like kubectl.")
+@click.option("--as-group", "groups", multiple=True, help="Evaluate as a member of this group (repeatable).")
+def check(files, cluster, config_path, output, operation, user, groups) -> None:
+    """Check manifests as the admission webhook would.
+
+    Exit status: 0 all allowed, 1 any denied, 2 usage or input error.
+    """
+    config = _load_config(config_path)
+    state = _load_state(cluster)
+    results: list[Result] = []
+    errors: list[ManifestError] = []
+    for doc in read_documents(files):
+        if isinstance(doc, ManifestError):
+            errors.append(doc)
+            continue
+        try:
+            decision = evaluate(doc.obj, operation, state, config, user=user, groups=tuple(groups))
+        except FieldError as err:
+            errors.append(ManifestError(doc.location, f"{doc.obj['kind']}: field {err}"))
+            continue
+        results.append(Result(doc, decision))
+    if output == "json":
+        payload = {
+            "results": [r.as_json() for r in results],
+            "errors": [
+                {
+                    "file": e.location.file,
+                    "document": e.location.document,
+                    "item": e.location.item,
+                    "message": e.message,
+                }
+                for e in errors
+            ],
+        }
+        click.echo(orjson.dumps(payload, option=orjson.OPT_INDENT_2).decode())
+    else:
+        _print_text(results, errors)
+    if errors:
+        sys.exit(EXIT_INPUT_ERROR)
+    if any(not r.decision.allowed for r in results):
+        sys.exit(EXIT_DENIED)
+
+
+def _print_text(results: list[Result], errors: list[ManifestError]) -> None:
+    for result in results:
+        decision, obj = result.decision, result.document.obj
+        name = "/".join(result.namespace_and_name)
+        verdict = "DENY " if not decision.allowed else ("PATCH" if decision.patch else "ALLOW")
+        click.echo(f"{verdict} {obj['kind']} {name}  ({result.document.location})")
+        for v in decision.violations:
+            click.echo(f"  {v.reason}: {v.message}")
+        for warning in decision.warnings:
+            click.echo(f"  warning: {warning}")
+        for v in decision.audited:
+            click.echo(f"  audit: {v.reason}: {v.message}")
+    for error in errors:
+        click.echo(f"ERROR {error}", err=True)
+    denied = sum(not r.decision.allowed for r in results)
+    click.echo(
+        f"{len(results)} objects: {len(results) - denied} allowed, {denied} denied, "
+        f"{len(errors)} input errors",
+        err=True,
+    )

@@ -1,0 +1,244 @@
+"""The guard's configuration: one YAML file, validated with errors that name the field."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+MODES = ("enforce", "warn", "audit", "fix", "off")
+DEFAULT_DEVICE_PATTERNS = ("nvidia.com/*", "amd.com/*", "intel.com/*", "gpu.intel.com/*")
+
+
+class ConfigError(ValueError):
+    """Invalid configuration; the message starts with the source and the field path."""
+
+
+@dataclass(frozen=True, slots=True)
+class PinnedNodeNameConfig:
+    mode: str = "enforce"
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceSchedulerConfig:
+    mode: str = "enforce"
+    resources: tuple[str, ...] = DEFAULT_DEVICE_PATTERNS
+    owners: tuple[tuple[str, str], ...] = ()  # (resource name or pattern, scheduler)
+    annotations: tuple[tuple[str, str], ...] = ()  # (annotation key, scheduler)
+    autodetect: bool = True
+
+    def is_device(self, resource: str) -> bool:
+        return any(fnmatchcase(resource, p) for p in self.resources) or any(
+            fnmatchcase(resource, p) for p, _ in self.owners
+        )
+
+    def configured_owner(self, resource: str) -> str | None:
+        return next((owner for p, owner in self.owners if fnmatchcase(resource, p)), None)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeAdmissionConfig:
+    mode: str = "enforce"
+    unknown_node: str = "deny"
+
+
+@dataclass(frozen=True, slots=True)
+class Exemption:
+    """Skips the listed policies (all when empty) for requests that match every given field."""
+
+    namespaces: tuple[str, ...] = ()
+    users: tuple[str, ...] = ()
+    groups: tuple[str, ...] = ()
+    policies: tuple[str, ...] = ()
+
+    def covers(self, policy: str, namespace: str, user: str, groups: tuple[str, ...]) -> bool:
+        if self.policies and policy not in self.policies:
+            return False
+        if self.namespaces and not any(fnmatchcase(namespace, p) for p in self.namespaces):
+            return False
+        if self.users and not any(fnmatchcase(user, p) for p in self.users):
+            return False
+        return not self.groups or any(fnmatchcase(g, p) for g in groups for p in self.groups)
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    excluded_namespaces: tuple[str, ...] = ("kube-system",)
+    fail_open: bool = True
+    exemptions: tuple[Exemption, ...] = ()
+    pinned_node_name: PinnedNodeNameConfig = field(default_factory=PinnedNodeNameConfig)
+    device_scheduler: DeviceSchedulerConfig = field(default_factory=DeviceSchedulerConfig)
+    node_admission: NodeAdmissionConfig = field(default_factory=NodeAdmissionConfig)
+
+    def mode(self, policy: str) -> str:
+        return {
+            "pinnedNodeName": self.pinned_node_name.mode,
+            "deviceScheduler": self.device_scheduler.mode,
+            "nodeAdmission": self.node_admission.mode,
+        }[policy]
+
+
+POLICY_NAMES = ("pinnedNodeName", "deviceScheduler", "nodeAdmission")
+
+
+def load_config(path: str | Path) -> Config:
+    """Read and validate a config file."""
+    try:
+        text = Path(path).read_text()
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read: {err.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: invalid YAML: {err}") from None
+    return config_from_dict(data if data is not None else {}, str(path))
+
+
+def config_from_dict(data: Any, source: str = "config") -> Config:
+    """Validate a decoded config document; unknown keys are errors (they are usually typos)."""
+    reader = _Reader(source)
+    top = reader.mapping(data, "", {"excludedNamespaces", "failOpen", "exemptions", "policies"})
+    policies = reader.mapping(top.get("policies") or {}, "policies", set(POLICY_NAMES))
+    return Config(
+        excluded_namespaces=reader.strings(
+            top.get("excludedNamespaces", ["kube-system"]), "excludedNamespaces"
+        ),
+        fail_open=reader.boolean(top.get("failOpen", True), "failOpen"),
+        exemptions=tuple(
+            _exemption(reader, item, f"exemptions[{i}]")
+            for i, item in enumerate(reader.sequence(top.get("exemptions") or [], "exemptions"))
+        ),
+        pinned_node_name=_pinned(reader, policies.get("pinnedNodeName") or {}),
+        device_scheduler=_device(reader, policies.get("deviceScheduler") or {}),
+        node_admission=_node(reader, policies.get("nodeAdmission") or {}),
+    )
+
+
+def _exemption(reader: _Reader, data: Any, where: str) -> Exemption:
+    item = reader.mapping(data, where, {"namespaces", "users", "groups", "policies"})
+    policies = reader.strings(item.get("policies", []), f"{where}.policies")
+    for name in policies:
+        if name not in POLICY_NAMES:
+            reader.fail(f"{where}.policies", f"unknown policy {name!r} (one of {', '.join(POLICY_NAMES)})")
+    exemption = Exemption(
+        namespaces=reader.strings(item.get("namespaces", []), f"{where}.namespaces"),
+        users=reader.strings(item.get("users", []), f"{where}.users"),
+        groups=reader.strings(item.get("groups", []), f"{where}.groups"),
+        policies=policies,
+    )
+    if not (exemption.namespaces or exemption.users or exemption.groups):
+        reader.fail(where, "needs at least one of namespaces, users, groups")
+    return exemption
+
+
+def _mode(reader: _Reader, data: Mapping[str, Any], where: str, allowed=MODES) -> str:
+    mode = data.get("mode", "enforce")
+    if mode not in allowed:
+        reader.fail(f"{where}.mode", f"{mode!r} is not one of {', '.join(allowed)}")
+    return mode
+
+
+def _pinned(reader: _Reader, data: Any) -> PinnedNodeNameConfig:
+    where = "policies.pinnedNodeName"
+    data = reader.mapping(data, where, {"mode"})
+    return PinnedNodeNameConfig(mode=_mode(reader, data, where))
+
+
+def _node(reader: _Reader, data: Any) -> NodeAdmissionConfig:
+    where = "policies.nodeAdmission"
+    data = reader.mapping(data, where, {"mode", "unknownNode"})
+    unknown = data.get("unknownNode", "deny")
+    if unknown not in ("deny", "allow"):
+        reader.fail(f"{where}.unknownNode", f"{unknown!r} is not one of deny, allow")
+    mode = _mode(reader, data, where, tuple(m for m in MODES if m != "fix"))
+    return NodeAdmissionConfig(mode=mode, unknown_node=unknown)
+
+
+def _device(reader: _Reader, data: Any) -> DeviceSchedulerConfig:
+    where = "policies.deviceScheduler"
+    data = reader.mapping(data, where, {"mode", "resources", "owners", "annotations", "autodetect"})
+    resources = reader.strings(data.get("resources", list(DEFAULT_DEVICE_PATTERNS)), f"{where}.resources")
+    owners = tuple(reader.mapping(data.get("owners") or {}, f"{where}.owners").items())
+    annotations = tuple(reader.mapping(data.get("annotations") or {}, f"{where}.annotations").items())
+    for key, owner in (*owners, *annotations):
+        if not isinstance(owner, str) or not owner:
+            reader.fail(f"{where}.owners.{key}", "the owner must be a scheduler name")
+    for pattern in (*resources, *(p for p, _ in owners)):
+        if "[" in pattern:
+            reader.fail(f"{where}", f"pattern {pattern!r}: only * and ? wildcards are supported")
+    for i, (first, first_owner) in enumerate(owners):
+        for second, second_owner in owners[i + 1 :]:
+            if first_owner != second_owner and globs_overlap(first, second):
+                reader.fail(
+                    f"{where}.owners",
+                    f"{first!r} (owner {first_owner}) and {second!r} (owner {second_owner}) "
+                    "match the same resource; a resource can have only one owner",
+                )
+    return DeviceSchedulerConfig(
+        mode=_mode(reader, data, where),
+        resources=resources,
+        owners=owners,
+        annotations=annotations,
+        autodetect=reader.boolean(data.get("autodetect", True), f"{where}.autodetect"),
+    )
+
+
+def globs_overlap(first: str, second: str) -> bool:
+    """Whether some string matches both ``*``/``?`` glob patterns."""
+
+    @cache
+    def meet(i: int, j: int) -> bool:
+        if i == len(first) and j == len(second):
+            return True
+        if i < len(first) and first[i] == "*":
+            return meet(i + 1, j) or (j < len(second) and meet(i, j + 1))
+        if j < len(second) and second[j] == "*":
+            return meet(i, j + 1) or (i < len(first) and meet(i + 1, j))
+        if i == len(first) or j == len(second):
+            return False
+        return (first[i] == second[j] or "?" in (first[i], second[j])) and meet(i + 1, j + 1)
+
+    return meet(0, 0)
+
+
+class _Reader:
+    """Type checks that raise ``ConfigError`` naming the source and field."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, where: str, message: str):
+        raise ConfigError(f"{self.source}: {where or 'top level'}: {message}")
+
+    def mapping(self, data: Any, where: str, allowed: set[str] | None = None) -> Mapping[str, Any]:
+        if not isinstance(data, Mapping):
+            self.fail(where, "must be a mapping")
+        if allowed is not None:
+            for key in data:
+                if key not in allowed:
+                    self.fail(
+                        f"{where}.{key}" if where else str(key),
+                        f"unknown field (expected one of {', '.join(sorted(allowed))})",
+                    )
+        return data
+
+    def sequence(self, data: Any, where: str) -> list[Any]:
+        if not isinstance(data, list):
+            self.fail(where, "must be a list")
+        return data
+
+    def strings(self, data: Any, where: str) -> tuple[str, ...]:
+        items = self.sequence(data, where)
+        if not all(isinstance(s, str) for s in items):
+            self.fail(where, "must be a list of strings")
+        return tuple(items)
+
+    def boolean(self, data: Any, where: str) -> bool:
+        if not isinstance(data, bool):
+            self.fail(where, "must be true or false")
+        return data

@@ -1,0 +1,122 @@
+"""``evaluate``: every policy over one object, modes applied, one ``Decision`` out.
+
+Pure: no I/O, no clock, no globals. The CLI, the admission server and the policy test suite
+all call this function, so a verdict in CI is the verdict in the cluster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import jsonpatch
+
+from .checks import PodUnderReview
+from .config import Config
+from .kube.errors import FieldError
+from .kube.workloads import pod_shape
+from .policies import Finding, Review, device_scheduler, node_admission, pinned_node_name
+from .state import ClusterState
+
+OPERATIONS = ("CREATE", "UPDATE")
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    policy: str
+    reason: str
+    message: str
+    node: str | None = None
+
+
+@dataclass(slots=True)
+class Decision:
+    """``violations`` deny; ``audited`` are recorded only; ``patch`` is a JSONPatch or None."""
+
+    allowed: bool = True
+    violations: list[Violation] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    patch: list[dict[str, Any]] | None = None
+    audited: list[Violation] = field(default_factory=list)
+
+
+def evaluate(
+    obj: Mapping[str, Any],
+    operation: str,
+    state: ClusterState | None,
+    config: Config,
+    *,
+    old_object: Mapping[str, Any] | None = None,
+    user: str = "",
+    groups: tuple[str, ...] = (),
+) -> Decision:
+    """Decide on one object. Raises ``FieldError`` (with the full field path) on bad input.
+
+    ``state`` None means "no cluster state": checks that need node state become warnings.
+    Kinds that create no pods, and operations other than CREATE/UPDATE, pass untouched.
+    """
+    decision = Decision()
+    shape = pod_shape(obj)
+    if shape is None or operation not in OPERATIONS:
+        return decision
+    namespace = (obj.get("metadata") or {}).get("namespace") or "default"
+    if namespace in config.excluded_namespaces:
+        return decision
+    old_shape = pod_shape(old_object) if operation == "UPDATE" and old_object else None
+    review = _review(obj, operation, old_shape)
+    patch: list[dict[str, Any]] = []
+    for name, run in _POLICIES:
+        mode = config.mode(name)
+        if mode == "off" or any(e.covers(name, namespace, user, groups) for e in config.exemptions):
+            continue
+        for finding in run(review, state, config):
+            fix = _apply(decision, name, mode, finding)
+            if fix:
+                # Later policies judge the object as it will be stored.
+                patch.extend(fix)
+                review = _review(jsonpatch.apply_patch(review.obj, list(fix)), operation, old_shape)
+    decision.allowed = not decision.violations
+    decision.patch = patch or None
+    return decision
+
+
+def _apply(decision: Decision, policy: str, mode: str, finding: Finding):
+    """Record one finding according to its policy's mode; return the patch to apply, if any."""
+    violation = Violation(policy, finding.reason, finding.message, finding.node)
+    if finding.advisory or mode == "warn":
+        decision.warnings.append(f"[{policy}] {finding.reason}: {finding.message}")
+    elif mode == "audit":
+        decision.audited.append(violation)
+    elif mode == "fix" and finding.fix is not None:
+        decision.warnings.append(f"[{policy}] fixed {finding.reason}: {finding.message}")
+        return finding.fix
+    else:
+        decision.violations.append(violation)
+    return None
+
+
+def _review(obj: Mapping[str, Any], operation: str, old_shape) -> Review:
+    """Build the review; pod-relative field errors get the path inside the whole object."""
+    shape = pod_shape(obj)
+    try:
+        pod = PodUnderReview.from_shape(shape)
+    except FieldError as err:
+        if not shape.path:
+            raise
+        prefix = shape.path.lstrip("/").replace("/", ".")
+        raise FieldError(f"{prefix}.{err.field}", err.message) from None
+    return Review(obj, shape, pod, operation, old_shape)
+
+
+_POLICIES = (
+    (pinned_node_name.NAME, lambda review, state, config: pinned_node_name.check(review, state)),
+    (
+        device_scheduler.NAME,
+        lambda review, state, config: device_scheduler.check(review, state, config.device_scheduler),
+    ),
+    (
+        node_admission.NAME,
+        lambda review, state, config: node_admission.check(review, state, config.node_admission),
+    ),
+)

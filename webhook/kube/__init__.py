@@ -1,0 +1,1 @@
+"""Kubernetes semantics as pure functions over plain dicts (decoded YAML/JSON objects)."""

@@ -1,0 +1,42 @@
+"""Host ports (``scheduler/util/utils.go`` ``GetHostPorts``, ``HostPortInfo.CheckConflict``). Spec §7."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .errors import FieldError
+from .resources import containers, is_sidecar
+
+HostPort = tuple[str, str, int]  # (hostIP, protocol, hostPort)
+WILDCARD = "0.0.0.0"
+
+
+def host_ports(spec: Mapping[str, Any]) -> tuple[HostPort, ...]:
+    """Host ports of app containers and sidecars; regular init containers never hold ports."""
+    found: list[HostPort] = []
+    candidates = [("containers", i, c) for i, c in enumerate(containers(spec, "containers"))]
+    candidates += [
+        ("initContainers", i, c) for i, c in enumerate(containers(spec, "initContainers")) if is_sidecar(c)
+    ]
+    for key, i, container in candidates:
+        ports = container.get("ports") or []
+        if not isinstance(ports, list):
+            raise FieldError(f"spec.{key}[{i}].ports", "must be a list")
+        for j, port in enumerate(ports):
+            if not isinstance(port, Mapping):
+                raise FieldError(f"spec.{key}[{i}].ports[{j}]", "must be a mapping")
+            number = port.get("hostPort") or 0
+            if not isinstance(number, int) or isinstance(number, bool):
+                raise FieldError(f"spec.{key}[{i}].ports[{j}].hostPort", "must be an integer")
+            if number > 0:
+                found.append((port.get("hostIP") or WILDCARD, port.get("protocol") or "TCP", number))
+    return tuple(found)
+
+
+def port_conflicts(wanted: HostPort, used: Mapping[HostPort, int]) -> bool:
+    """A wildcard IP conflicts with the port on any IP; a specific IP with itself or 0.0.0.0."""
+    ip, protocol, port = wanted
+    if ip == WILDCARD:
+        return any(p == port and proto == protocol for (_, proto, p) in used)
+    return (ip, protocol, port) in used or (WILDCARD, protocol, port) in used

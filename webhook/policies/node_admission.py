@@ -1,0 +1,57 @@
+"""``nodeAdmission``: a Pod created with ``spec.nodeName`` must pass the kubelet's admission.
+
+The scheduler never sees such a pod, so this is the only check before the kubelet on that
+node rejects it and marks it Failed.
+"""
+
+from __future__ import annotations
+
+from ..checks import kubelet_admission
+from ..config import NodeAdmissionConfig
+from ..state import ClusterState
+from ..state.model import MIRROR_ANNOTATION
+from . import Finding, Review
+
+NAME = "nodeAdmission"
+UNKNOWN_NODE = "UnknownNode"
+
+
+def check(review: Review, state: ClusterState | None, config: NodeAdmissionConfig) -> list[Finding]:
+    node_name = review.shape.spec.get("nodeName")
+    if review.shape.kind != "Pod" or review.operation != "CREATE" or not node_name:
+        return []
+    if MIRROR_ANNOTATION in (review.shape.metadata.get("annotations") or {}):
+        return []  # the kubelet never admits mirror pods: their static pod already runs
+    if state is None:
+        return [
+            Finding(
+                "NoClusterState",
+                f"{review.description} sets spec.nodeName={node_name!r}, "
+                "but no cluster state was given, so the kubelet's admission was not checked.",
+                node=node_name,
+                advisory=True,
+            )
+        ]
+    node = state.nodes.get(node_name)
+    if node is None:
+        if config.unknown_node == "allow":
+            return []
+        return [
+            Finding(
+                UNKNOWN_NODE,
+                f"{review.description} sets spec.nodeName={node_name!r}, a "
+                "node that does not exist: no kubelet will ever run it. Fix the node name "
+                "(or set nodeAdmission.unknownNode: allow).",
+                node=node_name,
+            )
+        ]
+    return [
+        Finding(
+            failure.reason,
+            f"the kubelet on {node_name} would reject {review.description}: {failure.reason}: "
+            f"{failure.message.rstrip()} ({failure.hint}). Drop spec.nodeName to let the "
+            "scheduler place it, or make room first.",
+            node=node_name,
+        )
+        for failure in kubelet_admission(review.pod, node, state.usage(node_name))
+    ]

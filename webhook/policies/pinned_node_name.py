@@ -1,0 +1,82 @@
+"""``pinnedNodeName``: workload templates must not set ``spec.nodeName``.
+
+Pods that carry a nodeName skip the scheduler; when the kubelet rejects them the controller
+makes new ones at once. The fix pins the node through required node affinity instead, which
+the scheduler honours, so pods wait as Pending rather than fail in a loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..checks import kubelet_admission
+from ..kube.selectors import is_empty_term
+from ..state import ClusterState
+from . import Finding, Patch, Review
+
+NAME = "pinnedNodeName"
+REASON = "PinnedNodeName"
+
+
+def check(review: Review, state: ClusterState | None) -> list[Finding]:
+    shape = review.shape
+    node = shape.spec.get("nodeName")
+    if not shape.is_template or not node:
+        return []
+    if review.old_shape is not None and review.old_shape.spec.get("nodeName") == node:
+        return []  # existing objects must stay updatable (finalizers, labels, scale)
+    message = (
+        f"{review.description} sets {_field(shape)} to {node!r}: its pods skip the scheduler, "
+        f"and every pod the kubelet rejects is replaced at once. {_kubelet_verdict(review, state, node)} "
+        f"Pin the node with required node affinity on metadata.name or a nodeSelector on "
+        f"kubernetes.io/hostname instead (mode fix rewrites it)."
+    )
+    return [Finding(REASON, message, node=node, fix=node_affinity_patch(shape.path, shape.spec, node))]
+
+
+def _field(shape) -> str:
+    return shape.path.lstrip("/").replace("/", ".") + ".spec.nodeName"
+
+
+def _kubelet_verdict(review: Review, state: ClusterState | None, node_name: str) -> str:
+    if state is None:
+        return "(No cluster state given, so node capacity was not checked.)"
+    node = state.nodes.get(node_name)
+    if node is None:
+        return f"Node {node_name} is not in the cluster state: no kubelet would ever run its pods."
+    failures = kubelet_admission(review.pod, node, state.usage(node_name))
+    if failures:
+        return f"Node {node_name} would reject it: " + "; ".join(f.summary() for f in failures) + "."
+    return f"Node {node_name} would admit one pod now; the next pod that does not fit fails."
+
+
+_TERMS = ("affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution", "nodeSelectorTerms")
+
+
+def node_affinity_patch(path: str, spec: Mapping[str, Any], node: str) -> Patch:
+    """Remove nodeName; AND ``metadata.name In [node]`` into every required node selector term.
+
+    Missing levels of ``affinity.nodeAffinity.required...`` are added with one new term. Empty
+    terms are left alone: the matcher ignores them, and filling one in would widen it.
+    """
+    requirement = {"key": "metadata.name", "operator": "In", "values": [node]}
+    pointer = f"{path}/spec"
+    ops: list[dict[str, Any]] = [{"op": "remove", "path": f"{pointer}/nodeName"}]
+    current: Any = spec
+    for depth, key in enumerate(_TERMS):
+        child = current.get(key) if isinstance(current, Mapping) else None
+        if not child:
+            value: Any = [{"matchFields": [requirement]}]
+            for outer in reversed(_TERMS[depth + 1 :]):
+                value = {outer: value}
+            return (*ops, {"op": "add", "path": f"{pointer}/{key}", "value": value})
+        current, pointer = child, f"{pointer}/{key}"
+    for i, term in enumerate(current):
+        if is_empty_term(term):
+            continue
+        if isinstance(term.get("matchFields"), list):
+            ops.append({"op": "add", "path": f"{pointer}/{i}/matchFields/-", "value": requirement})
+        else:
+            ops.append({"op": "add", "path": f"{pointer}/{i}/matchFields", "value": [requirement]})
+    return tuple(ops)

@@ -1,0 +1,243 @@
+"""Cluster state kept as compact records with per-node aggregates.
+
+A node check reads one ``Node`` and one ``NodeUsage``: a few dictionary lookups, never a scan
+of the cluster. Every pod or node change adjusts the aggregates in O(size of that pod), so the
+snapshot loader and the live informer share the same code paths.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from ..kube.errors import FieldError, mapping_at
+from ..kube.pod_fields import check_pod_fields
+from ..kube.ports import HostPort, host_ports
+from ..kube.resources import ResourceVector, is_extended_resource, pod_requests, resource_list
+from ..kube.tolerations import Taint, taint_from
+
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+PRESSURE_CONDITIONS = ("MemoryPressure", "DiskPressure", "PIDPressure")
+MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+CRITICAL_PRIORITY = 2_000_000_000
+DEFAULT_SCHEDULER = "default-scheduler"
+
+
+@dataclass(slots=True)
+class PodRecord:
+    """What the checks need of a pod, and nothing else (a few hundred bytes)."""
+
+    key: str
+    node: str
+    requests: ResourceVector
+    host_ports: tuple[HostPort, ...]
+    scheduler: str
+    priority: int | None
+    critical: bool
+
+    @property
+    def devices(self) -> Iterator[str]:
+        """Extended resources this pod holds (the candidates for device ownership)."""
+        return (r for r, amount in self.requests.items() if amount > 0 and is_extended_resource(r))
+
+
+@dataclass(slots=True)
+class Node:
+    """A node as the kubelet's admission sees it (spec §3, §10)."""
+
+    name: str
+    allocatable: ResourceVector
+    labels: Mapping[str, str]
+    taints: tuple[Taint, ...] = ()
+    pressure: tuple[str, ...] = ()
+    operating_system: str = "linux"
+    supplemental_groups_policy: bool = False
+
+
+@dataclass(slots=True)
+class NodeUsage:
+    """Aggregates of the active pods bound to one node."""
+
+    requested: ResourceVector = field(default_factory=dict)
+    pods: dict[str, PodRecord] = field(default_factory=dict)
+    host_ports: Counter[HostPort] = field(default_factory=Counter)
+
+    @property
+    def pod_count(self) -> int:
+        return len(self.pods)
+
+    def without(self, key: str) -> NodeUsage:
+        """A copy without one pod: the incoming pod never counts against itself."""
+        record = self.pods.get(key)
+        if record is None:
+            return self
+        requested = dict(self.requested)
+        for resource, amount in record.requests.items():
+            requested[resource] = requested.get(resource, 0) - amount
+        ports = self.host_ports.copy()
+        ports.subtract(record.host_ports)
+        pods = {k: v for k, v in self.pods.items() if k != key}
+        return NodeUsage(requested, pods, +ports)
+
+
+_EMPTY_USAGE = NodeUsage()
+
+
+def object_key(obj: Mapping[str, Any]) -> str:
+    """The uid when there is one (live objects), else ``namespace/name`` (hand-written files)."""
+    metadata = obj.get("metadata")
+    if not isinstance(metadata, Mapping):
+        return "default/"
+    uid = metadata.get("uid")
+    if uid:
+        return str(uid)
+    return f"{metadata.get('namespace') or 'default'}/{metadata.get('name') or ''}"
+
+
+def is_critical(metadata: Mapping[str, Any], priority: int | None) -> bool:
+    """``kubetypes.IsCriticalPod``: mirror pods and priority >= system-cluster-critical."""
+    annotations = metadata.get("annotations") or {}
+    return MIRROR_ANNOTATION in annotations or (priority is not None and priority >= CRITICAL_PRIORITY)
+
+
+def pod_priority(spec: Mapping[str, Any]) -> int | None:
+    priority = spec.get("priority")
+    if priority is None:
+        return None
+    if not isinstance(priority, int) or isinstance(priority, bool):
+        raise FieldError("spec.priority", "must be an integer")
+    return priority
+
+
+def pod_record(pod: Mapping[str, Any]) -> PodRecord | None:
+    """The compact record of a pod, or None for a terminal pod (it holds nothing)."""
+    status = mapping_at(pod, "status", "status")
+    if status.get("phase") in TERMINAL_PHASES:
+        return None
+    spec = mapping_at(pod, "spec", "spec")
+    metadata = mapping_at(pod, "metadata", "metadata")
+    check_pod_fields(metadata, spec)
+    priority = pod_priority(spec)
+    requests = {sys.intern(k): v for k, v in pod_requests(spec, status).items()}
+    return PodRecord(
+        key=object_key(pod),
+        node=sys.intern(str(spec.get("nodeName") or "")),
+        requests=requests,
+        host_ports=host_ports(spec),
+        scheduler=sys.intern(str(spec.get("schedulerName") or DEFAULT_SCHEDULER)),
+        priority=priority,
+        critical=is_critical(metadata, priority),
+    )
+
+
+def node_from(obj: Mapping[str, Any]) -> Node:
+    """Build a ``Node`` from a Node object; allocatable errors name the field."""
+    metadata = mapping_at(obj, "metadata", "metadata")
+    status = mapping_at(obj, "status", "status")
+    spec = mapping_at(obj, "spec", "spec")
+    labels = {str(k): str(v) for k, v in mapping_at(metadata, "labels", "metadata.labels").items()}
+    node_info = mapping_at(status, "nodeInfo", "status.nodeInfo")
+    pressure = tuple(
+        c["type"]
+        for c in _list(status, "conditions", "status.conditions")
+        if isinstance(c, Mapping) and c.get("type") in PRESSURE_CONDITIONS and c.get("status") == "True"
+    )
+    features = mapping_at(status, "features", "status.features")
+    return Node(
+        name=sys.intern(str(metadata.get("name") or "")),
+        allocatable={
+            sys.intern(k): v
+            for k, v in resource_list(status.get("allocatable"), "status.allocatable").items()
+        },
+        labels=labels,
+        taints=tuple(t for t in map(taint_from, _list(spec, "taints", "spec.taints")) if t is not None),
+        pressure=pressure,
+        # The kubelet writes its runtime.GOOS here; the label is a fallback for hand-made nodes.
+        operating_system=str(node_info.get("operatingSystem") or labels.get("kubernetes.io/os") or "linux"),
+        supplemental_groups_policy=features.get("supplementalGroupsPolicy") is True,
+    )
+
+
+def _list(obj: Mapping[str, Any], key: str, field: str) -> list[Any]:
+    value = obj.get(key) or []
+    if not isinstance(value, list):
+        raise FieldError(field, "must be a list")
+    return value
+
+
+class ClusterState:
+    """Nodes, active pods and their aggregates; mutated only through the methods below."""
+
+    __slots__ = ("_device_schedulers", "_usage", "nodes", "pods")
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, Node] = {}
+        self.pods: dict[str, PodRecord] = {}
+        self._usage: dict[str, NodeUsage] = {}
+        self._device_schedulers: dict[str, Counter[str]] = {}
+
+    def usage(self, node_name: str) -> NodeUsage:
+        """Aggregates of the active pods on a node (kept even while the Node is missing)."""
+        return self._usage.get(node_name, _EMPTY_USAGE)
+
+    def device_schedulers(self, resource: str) -> Mapping[str, int]:
+        """How many active pods requesting ``resource`` each scheduler placed."""
+        return MappingProxyType(self._device_schedulers.get(resource, Counter()))
+
+    def set_node(self, node: Node) -> None:
+        self.nodes[node.name] = node
+
+    def remove_node(self, name: str) -> None:
+        self.nodes.pop(name, None)
+
+    def set_pod(self, key: str, record: PodRecord | None) -> None:
+        """Add, replace, or (with ``None``, a terminal pod) remove the pod stored under ``key``."""
+        self.remove_pod(key)
+        if record is None:
+            return
+        self.pods[key] = record
+        for resource in record.devices:
+            self._device_schedulers.setdefault(resource, Counter())[record.scheduler] += 1
+        if record.node:
+            usage = self._usage.get(record.node)
+            if usage is None:
+                usage = self._usage[record.node] = NodeUsage()
+            usage.pods[key] = record
+            for resource, amount in record.requests.items():
+                if amount:
+                    usage.requested[resource] = usage.requested.get(resource, 0) + amount
+            usage.host_ports.update(record.host_ports)
+
+    def remove_pod(self, key: str) -> None:
+        record = self.pods.pop(key, None)
+        if record is None:
+            return
+        for resource in record.devices:
+            counts = self._device_schedulers[resource]
+            counts[record.scheduler] -= 1
+            if counts[record.scheduler] <= 0:
+                del counts[record.scheduler]
+            if not counts:
+                del self._device_schedulers[resource]
+        usage = self._usage.get(record.node) if record.node else None
+        if usage is None:
+            return
+        del usage.pods[key]
+        for resource, amount in record.requests.items():
+            if not amount:
+                continue
+            remaining = usage.requested[resource] - amount
+            if remaining:
+                usage.requested[resource] = remaining
+            else:
+                del usage.requested[resource]
+        usage.host_ports.subtract(record.host_ports)
+        for port in record.host_ports:
+            if usage.host_ports[port] <= 0:
+                del usage.host_ports[port]
+        if not usage.pods:
+            del self._usage[record.node]
