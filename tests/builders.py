@@ -5,9 +5,18 @@ from __future__ import annotations
 from typing import Any
 
 
-def node(name: str = "node-1", *, cpu: str = "4", memory: str = "8Gi", pods: str = "110",
-         labels: dict | None = None, taints: list | None = None, conditions: list[str] = (),
-         extra: dict | None = None, os: str = "linux") -> dict[str, Any]:
+def node(
+    name: str = "node-1",
+    *,
+    cpu: str = "4",
+    memory: str = "8Gi",
+    pods: str = "110",
+    labels: dict | None = None,
+    taints: list | None = None,
+    conditions: list[str] = (),
+    extra: dict | None = None,
+    os: str = "linux",
+) -> dict[str, Any]:
     allocatable = {"cpu": cpu, "memory": memory, "pods": pods, "ephemeral-storage": "50Gi", **(extra or {})}
     return {
         "apiVersion": "v1",
@@ -22,8 +31,9 @@ def node(name: str = "node-1", *, cpu: str = "4", memory: str = "8Gi", pods: str
     }
 
 
-def container(name: str = "app", requests: dict | None = None, limits: dict | None = None,
-              **extra: Any) -> dict[str, Any]:
+def container(
+    name: str = "app", requests: dict | None = None, limits: dict | None = None, **extra: Any
+) -> dict[str, Any]:
     resources: dict[str, Any] = {}
     if requests is not None:
         resources["requests"] = requests
@@ -32,9 +42,18 @@ def container(name: str = "app", requests: dict | None = None, limits: dict | No
     return {"name": name, "image": "img", "resources": resources, **extra}
 
 
-def pod(name: str = "p", *, node_name: str | None = None, requests: dict | None = None,
-        containers: list | None = None, namespace: str = "default", uid: str | None = None,
-        phase: str | None = None, scheduler: str | None = None, **spec: Any) -> dict[str, Any]:
+def pod(
+    name: str = "p",
+    *,
+    node_name: str | None = None,
+    requests: dict | None = None,
+    containers: list | None = None,
+    namespace: str = "default",
+    uid: str | None = None,
+    phase: str | None = None,
+    scheduler: str | None = None,
+    **spec: Any,
+) -> dict[str, Any]:
     body: dict[str, Any] = {"containers": containers or [container(requests=requests or {})], **spec}
     if node_name:
         body["nodeName"] = node_name
@@ -52,6 +71,9 @@ def deployment(spec: dict[str, Any], name: str = "web", namespace: str = "defaul
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {"name": name, "namespace": namespace},
-        "spec": {"replicas": 2, "selector": {"matchLabels": {"app": name}},
-                 "template": {"metadata": {"labels": {"app": name}}, "spec": spec}},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}}, "spec": spec},
+        },
     }

@@ -86,7 +86,9 @@ def test_base_units_round_up_like_the_kubelet(resource, value, expected):
 
 @given(st.decimals(min_value=0, max_value=10**6, places=3, allow_nan=False))
 def test_cpu_millis_are_the_ceiling_of_a_thousandfold(value: Decimal):
-    assert base_units("cpu", parse_quantity(str(value))) == int((value * 1000).to_integral_value("ROUND_CEILING"))
+    assert base_units("cpu", parse_quantity(str(value))) == int(
+        (value * 1000).to_integral_value("ROUND_CEILING")
+    )
 
 
 def test_amounts_are_shown_in_familiar_units():

@@ -20,6 +20,12 @@ EXIT_DENIED = 1
 EXIT_INPUT_ERROR = 2
 
 
+class InputError(click.ClickException):
+    """Unusable config or cluster snapshot: exit 2, like every other input error."""
+
+    exit_code = EXIT_INPUT_ERROR
+
+
 @dataclass(frozen=True, slots=True)
 class Result:
     document: Document
@@ -56,7 +62,7 @@ def _load_config(path: str | None) -> Config:
     try:
         return load_config(path)
     except ConfigError as err:
-        raise click.ClickException(str(err)) from None
+        raise InputError(str(err)) from None
 
 
 def _load_state(paths: tuple[str, ...]) -> ClusterState | None:
@@ -65,7 +71,7 @@ def _load_state(paths: tuple[str, ...]) -> ClusterState | None:
     try:
         return load_snapshot(paths)
     except SnapshotError as err:
-        raise click.ClickException("cluster snapshot:\n  " + "\n  ".join(err.problems)) from None
+        raise InputError("cluster snapshot:\n  " + "\n  ".join(err.problems)) from None
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
