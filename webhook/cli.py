@@ -9,6 +9,7 @@ from typing import Any
 import click
 import orjson
 
+from . import policytest
 from .config import Config, ConfigError, load_config
 from .engine import Decision, evaluate
 from .kube.errors import FieldError
@@ -163,3 +164,45 @@ def _print_text(results: list[Result], errors: list[ManifestError]) -> None:
         f"{len(errors)} input errors",
         err=True,
     )
+
+
+@main.command("test")
+@click.argument("paths", nargs=-1, required=True)
+@click.option("--run", "pattern", help="Only cases whose name matches this regular expression.")
+@click.option(
+    "-o",
+    "--output",
+    "junit",
+    nargs=2,
+    type=(click.Choice(["junit"]), click.Path(dir_okay=False)),
+    help="Also write results as JUnit XML: -o junit FILE.",
+)
+def test_command(paths, pattern, junit) -> None:
+    """Run policy test files (*.test.yaml under directories) through the engine.
+
+    Exit status: 0 all passed, 1 any failed, 2 invalid test files.
+    """
+    files, problems = [], []
+    for path in policytest.discover(list(paths)):
+        try:
+            files.append(policytest.load_test_file(path))
+        except policytest.TestFileError as err:
+            problems.append(str(err))
+    if not files and not problems:
+        problems.append(f"no *{policytest.SUFFIX} files under {', '.join(paths)}")
+    cases = policytest.select([(f, c) for f in files for c in f.cases], pattern)
+    results = [policytest.run_case(f, c) for f, c in cases]
+    for result in results:
+        click.echo(f"{'PASS' if result.passed else 'FAIL'}  {result.file}  {result.name}")
+        for failure in result.failures:
+            click.echo("      " + failure.replace("\n", "\n      "))
+    for problem in problems:
+        click.echo(f"ERROR {problem}", err=True)
+    failed = sum(not r.passed for r in results)
+    click.echo(f"{len(results) - failed} passed, {failed} failed")
+    if junit:
+        policytest.write_junit(results, junit[1])
+    if problems:
+        sys.exit(EXIT_INPUT_ERROR)
+    if failed:
+        sys.exit(EXIT_DENIED)

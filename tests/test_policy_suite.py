@@ -1,0 +1,73 @@
+"""``admit-guard test``: the project's own suite passes; failures, invalid files and JUnit work."""
+
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from webhook.cli import main
+
+POLICY = Path(__file__).resolve().parent / "policy"
+
+
+def run(*args):
+    return CliRunner().invoke(main, ["test", *args])
+
+
+def test_the_projects_policy_suite_passes():
+    result = run(str(POLICY))
+    assert result.exit_code == 0, result.output
+    assert "35 passed, 0 failed" in result.stdout
+
+
+def test_run_selects_cases_by_name():
+    result = run(str(POLICY), "--run", "^incident [12] -")
+    assert result.exit_code == 0
+    assert "2 passed, 0 failed" in result.stdout
+
+
+FAILING = """
+apiVersion: admit-guard.io/v1alpha1
+kind: PolicyTest
+cases:
+  - name: expects the wrong verdict
+    object: {apiVersion: apps/v1, kind: Deployment, metadata: {name: d},
+             spec: {template: {spec: {nodeName: n1, containers: [{name: a, image: a}]}}}}
+    expect: {allowed: true, reasons: []}
+  - name: expects the wrong patch
+    config: {inline: {policies: {pinnedNodeName: {mode: fix}}}}
+    object: {apiVersion: apps/v1, kind: Deployment, metadata: {name: d},
+             spec: {template: {spec: {nodeName: n1, containers: [{name: a, image: a}]}}}}
+    expect:
+      patched: {apiVersion: apps/v1, kind: Deployment, metadata: {name: d},
+                spec: {template: {spec: {nodeName: n1, containers: [{name: a, image: a}]}}}}
+"""
+
+
+def test_failures_show_expected_against_actual_and_exit_1(tmp_path):
+    (tmp_path / "wrong.test.yaml").write_text(FAILING)
+    junit = tmp_path / "junit.xml"
+    result = run(str(tmp_path), "-o", "junit", str(junit))
+    assert result.exit_code == 1
+    assert "allowed: expected True, got False" in result.stdout
+    assert "reasons: expected [], got ['PinnedNodeName']" in result.stdout
+    assert "      -      nodeName: n1" in result.stdout  # the unified diff of the patched object
+    assert "0 passed, 2 failed" in result.stdout
+    suite = ET.parse(junit).getroot().find("testsuite")
+    assert suite.get("tests") == "2" and suite.get("failures") == "2"
+
+
+def test_invalid_test_files_exit_2_naming_file_and_field(tmp_path):
+    bad = tmp_path / "bad.test.yaml"
+    bad.write_text(
+        "apiVersion: admit-guard.io/v1alpha1\nkind: PolicyTest\ncases:\n"
+        "  - name: x\n    objectPath: missing.yaml\n    expect: {allowed: true}\n"
+    )
+    result = run(str(bad))
+    assert result.exit_code == 2
+    assert f"{bad}: cases[0].objectPath: cannot read" in result.stderr
+    bad.write_text(
+        "apiVersion: admit-guard.io/v1alpha1\nkind: PolicyTest\ncases:\n"
+        "  - name: x\n    object: {kind: Pod}\n    expect: {allowd: true}\n"
+    )
+    assert "cases[0].expect.allowd: unknown field" in run(str(bad)).stderr

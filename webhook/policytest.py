@@ -1,0 +1,327 @@
+"""Policy test files: cluster state, config and cases with expected verdicts.
+
+A test file (``*.test.yaml``) is run through the same ``evaluate`` the server uses, so a
+platform team can prove in CI that a config change keeps the verdicts they rely on.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jsonpatch
+import yaml
+
+from .config import Config, ConfigError, config_from_dict
+from .engine import Decision, evaluate
+from .kube.errors import FieldError
+from .manifests import Document, ManifestError, documents_in
+from .state import ClusterState, node_from, pod_record
+from .state.model import object_key
+from .state.snapshot import SnapshotError, load_snapshot
+
+API_VERSION = "admit-guard.io/v1alpha1"
+KIND = "PolicyTest"
+SUFFIX = ".test.yaml"
+_CASE_KEYS = {
+    "name",
+    "object",
+    "objectPath",
+    "operation",
+    "oldObject",
+    "oldObjectPath",
+    "dryRun",
+    "user",
+    "groups",
+    "config",
+    "expect",
+}
+_EXPECT_KEYS = {"allowed", "reasons", "messages", "warnings", "patched", "patchedPath"}
+
+
+class TestFileError(ValueError):
+    """An invalid test file; the message names the file and the field."""
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    name: str
+    obj: dict[str, Any]
+    operation: str
+    old_object: dict[str, Any] | None
+    dry_run: bool
+    user: str
+    groups: tuple[str, ...]
+    config: Config
+    expect: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class TestFile:
+    path: str
+    cases: list[Case]
+    state: ClusterState | None
+
+
+@dataclass(slots=True)
+class CaseResult:
+    file: str
+    name: str
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+
+def discover(paths: list[str]) -> Iterator[str]:
+    """Files given by name, and every ``*.test.yaml`` below the directories given."""
+    for path in paths:
+        p = Path(path)
+        if p.is_dir():
+            yield from sorted(str(f) for f in p.rglob(f"*{SUFFIX}"))
+        else:
+            yield path
+
+
+def load_test_file(path: str) -> TestFile:
+    where = _Where(path)
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except OSError as err:
+        raise TestFileError(f"{path}: cannot read: {err.strerror}") from None
+    except yaml.YAMLError as err:
+        raise TestFileError(f"{path}: invalid YAML: {err}") from None
+    data = where.mapping(data, "", {"apiVersion", "kind", "metadata", "cluster", "config", "cases"})
+    if data.get("apiVersion") != API_VERSION or data.get("kind") != KIND:
+        where.fail("apiVersion/kind", f"must be {API_VERSION} / {KIND}")
+    base = _config_data(where, data.get("config"), "config")
+    state = _state(where, data.get("cluster"))
+    cases = [
+        _case(where, raw, f"cases[{i}]", base)
+        for i, raw in enumerate(where.sequence(data.get("cases"), "cases"))
+    ]
+    if not cases:
+        where.fail("cases", "must list at least one case")
+    return TestFile(path, cases, state)
+
+
+def run_case(test_file: TestFile, case: Case) -> CaseResult:
+    result = CaseResult(test_file.path, case.name)
+    try:
+        decision = evaluate(
+            case.obj,
+            case.operation,
+            test_file.state,
+            case.config,
+            old_object=case.old_object,
+            user=case.user,
+            groups=case.groups,
+        )
+    except FieldError as err:
+        result.failures.append(f"the object is invalid: {err}")
+        return result
+    _compare(case, decision, result.failures)
+    return result
+
+
+def _compare(case: Case, decision: Decision, failures: list[str]) -> None:
+    expect = case.expect
+    if "allowed" in expect and expect["allowed"] != decision.allowed:
+        failures.append(f"allowed: expected {expect['allowed']}, got {decision.allowed}")
+    reasons = sorted({v.reason for v in (*decision.violations, *decision.audited)})
+    if "reasons" in expect and sorted(set(expect["reasons"])) != reasons:
+        failures.append(f"reasons: expected {sorted(set(expect['reasons']))}, got {reasons}")
+    messages = [v.message for v in (*decision.violations, *decision.audited)]
+    for wanted in expect.get("messages", []):
+        if not any(wanted in m for m in messages):
+            failures.append(f"no message contains {wanted!r}; messages: {messages}")
+    for wanted in expect.get("warnings", []):
+        if not any(wanted in w for w in decision.warnings):
+            failures.append(f"no warning contains {wanted!r}; warnings: {decision.warnings}")
+    if "patched" in expect:
+        actual = (
+            jsonpatch.apply_patch(copy.deepcopy(case.obj), decision.patch) if decision.patch else case.obj
+        )
+        if actual != expect["patched"]:
+            failures.append("patched object differs:\n" + _diff(expect["patched"], actual))
+
+
+def _diff(expected: Any, actual: Any) -> str:
+    lines = difflib.unified_diff(
+        yaml.safe_dump(expected, sort_keys=True).splitlines(),
+        yaml.safe_dump(actual, sort_keys=True).splitlines(),
+        "expected",
+        "actual",
+        lineterm="",
+    )
+    return "\n".join(lines)
+
+
+def _merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    """Deep-merge mappings; the override wins, lists are replaced whole."""
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _config_data(where: _Where, raw: Any, at: str, base: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``{path, inline, override}`` → a config document (validated later, per case)."""
+    raw = where.mapping(raw or {}, at, {"path", "inline", "override"})
+    if "path" in raw and "inline" in raw:
+        where.fail(at, "give path or inline, not both")
+    data: dict[str, Any] = dict(base or {})
+    if "path" in raw:
+        config_path = where.relative(raw["path"], f"{at}.path")
+        try:
+            data = yaml.safe_load(config_path.read_text()) or {}
+        except (OSError, yaml.YAMLError) as err:
+            where.fail(f"{at}.path", f"cannot read {config_path}: {err}")
+    elif "inline" in raw:
+        data = dict(where.mapping(raw["inline"], f"{at}.inline"))
+    return _merge(data, where.mapping(raw.get("override") or {}, f"{at}.override"))
+
+
+def _state(where: _Where, raw: Any) -> ClusterState | None:
+    if raw is None:
+        return None
+    raw = where.mapping(raw, "cluster", {"snapshots", "nodes", "pods"})
+    snapshots = [
+        str(where.relative(p, "cluster.snapshots"))
+        for p in where.sequence(raw.get("snapshots", []), "cluster.snapshots")
+    ]
+    try:
+        state = load_snapshot(snapshots) if snapshots else ClusterState()
+        for i, obj in enumerate(where.sequence(raw.get("nodes", []), "cluster.nodes")):
+            state.set_node(node_from(where.mapping(obj, f"cluster.nodes[{i}]")))
+        for i, obj in enumerate(where.sequence(raw.get("pods", []), "cluster.pods")):
+            obj = where.mapping(obj, f"cluster.pods[{i}]")
+            state.set_pod(object_key(obj), pod_record(obj))
+    except SnapshotError as err:
+        where.fail("cluster.snapshots", "; ".join(err.problems))
+    except FieldError as err:
+        where.fail("cluster", str(err))
+    return state
+
+
+def _case(where: _Where, raw: Any, at: str, base_config: Mapping[str, Any]) -> Case:
+    raw = where.mapping(raw, at, _CASE_KEYS)
+    name = raw.get("name")
+    if not isinstance(name, str) or not name:
+        where.fail(f"{at}.name", "must be a non-empty string")
+    operation = raw.get("operation", "CREATE")
+    if operation not in ("CREATE", "UPDATE"):
+        where.fail(f"{at}.operation", "must be CREATE or UPDATE")
+    expect = where.mapping(raw.get("expect"), f"{at}.expect", _EXPECT_KEYS)
+    if not expect:
+        where.fail(f"{at}.expect", "must state at least one expectation")
+    if "patchedPath" in expect:
+        expect = {
+            **expect,
+            "patched": _object(where, {"objectPath": expect["patchedPath"]}, f"{at}.expect", "object"),
+        }
+    config_data = _config_data(where, raw.get("config"), f"{at}.config", base_config)
+    try:
+        config = config_from_dict(config_data, f"{where.path}: {at}.config")
+    except ConfigError as err:
+        raise TestFileError(str(err)) from None
+    return Case(
+        name=name,
+        obj=_object(where, raw, at, "object"),
+        operation=operation,
+        old_object=_object(where, raw, at, "oldObject")
+        if ("oldObject" in raw or "oldObjectPath" in raw)
+        else None,
+        dry_run=bool(raw.get("dryRun", False)),
+        user=str(raw.get("user", "")),
+        groups=tuple(where.sequence(raw.get("groups", []), f"{at}.groups")),
+        config=config,
+        expect=expect,
+    )
+
+
+def _object(where: _Where, raw: Mapping[str, Any], at: str, key: str) -> dict[str, Any]:
+    """An inline object, or the single object in the file named by ``<key>Path``."""
+    if key in raw:
+        return dict(where.mapping(raw[key], f"{at}.{key}"))
+    if f"{key}Path" not in raw:
+        where.fail(at, f"needs {key} or {key}Path")
+    path = where.relative(raw[f"{key}Path"], f"{at}.{key}Path")
+    try:
+        docs = list(documents_in(path.read_text(), str(path)))
+    except OSError as err:
+        where.fail(f"{at}.{key}Path", f"cannot read {path}: {err.strerror}")
+    errors = [d for d in docs if isinstance(d, ManifestError)]
+    objects = [d.obj for d in docs if isinstance(d, Document)]
+    if errors or len(objects) != 1:
+        where.fail(f"{at}.{key}Path", str(errors[0]) if errors else f"{path} must hold exactly one object")
+    return objects[0]
+
+
+class _Where:
+    """Field checks that raise ``TestFileError`` naming the file and field."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def fail(self, at: str, message: str):
+        raise TestFileError(f"{self.path}: {at or 'top level'}: {message}")
+
+    def relative(self, value: Any, at: str) -> Path:
+        if not isinstance(value, str):
+            self.fail(at, "must be a path")
+        return Path(self.path).parent / value
+
+    def mapping(self, data: Any, at: str, allowed: set[str] | None = None) -> Mapping[str, Any]:
+        if not isinstance(data, Mapping):
+            self.fail(at, "must be a mapping")
+        for key in data if allowed else ():
+            if key not in allowed:
+                self.fail(
+                    f"{at}.{key}" if at else key,
+                    f"unknown field (expected one of {', '.join(sorted(allowed))})",
+                )
+        return data
+
+    def sequence(self, data: Any, at: str) -> list[Any]:
+        if not isinstance(data, list):
+            self.fail(at, "must be a list")
+        return data
+
+
+def select(cases: list[tuple[TestFile, Case]], pattern: str | None) -> list[tuple[TestFile, Case]]:
+    if not pattern:
+        return cases
+    regex = re.compile(pattern)
+    return [(f, c) for f, c in cases if regex.search(c.name)]
+
+
+def write_junit(results: list[CaseResult], path: str) -> None:
+    """JUnit XML, one testsuite per test file, for CI systems that render it."""
+    from xml.etree import ElementTree as ET
+
+    root = ET.Element("testsuites", tests=str(len(results)), failures=str(sum(not r.passed for r in results)))
+    suites: dict[str, ET.Element] = {}
+    for result in results:
+        suite = suites.get(result.file)
+        if suite is None:
+            suite = suites[result.file] = ET.SubElement(root, "testsuite", name=result.file)
+        case = ET.SubElement(suite, "testcase", classname=result.file, name=result.name)
+        if result.failures:
+            ET.SubElement(case, "failure", message=result.failures[0].splitlines()[0]).text = "\n".join(
+                result.failures
+            )
+    for suite in suites.values():
+        cases = suite.findall("testcase")
+        suite.set("tests", str(len(cases)))
+        suite.set("failures", str(sum(1 for c in cases if c.find("failure") is not None)))
+    ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
