@@ -54,7 +54,6 @@ class Case:
     obj: dict[str, Any]
     operation: str
     old_object: dict[str, Any] | None
-    dry_run: bool
     user: str
     groups: tuple[str, ...]
     config: Config
@@ -218,6 +217,8 @@ def _case(where: _Where, raw: Any, at: str, base_config: Mapping[str, Any]) -> C
     name = raw.get("name")
     if not isinstance(name, str) or not name:
         where.fail(f"{at}.name", "must be a non-empty string")
+    if not isinstance(raw.get("dryRun", False), bool):
+        where.fail(f"{at}.dryRun", "must be true or false")  # accepted; verdicts never depend on it
     operation = raw.get("operation", "CREATE")
     if operation not in ("CREATE", "UPDATE"):
         where.fail(f"{at}.operation", "must be CREATE or UPDATE")
@@ -241,7 +242,6 @@ def _case(where: _Where, raw: Any, at: str, base_config: Mapping[str, Any]) -> C
         old_object=_object(where, raw, at, "oldObject")
         if ("oldObject" in raw or "oldObjectPath" in raw)
         else None,
-        dry_run=bool(raw.get("dryRun", False)),
         user=str(raw.get("user", "")),
         groups=tuple(where.sequence(raw.get("groups", []), f"{at}.groups")),
         config=config,
