@@ -4,16 +4,32 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench clean
+ADDRESS ?= 127.0.0.1:8443
+EXAMPLE ?= examples/admission/incident-1-pinned-deployment.json
+
+.PHONY: run check certs test lint bench clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	touch $(STAMP)
 
+# The webhook over HTTPS against the bundled example cluster, with dev certificates.
+run: $(STAMP) certs/tls.crt
+	@echo "admit-guard on https://$(ADDRESS) (Ctrl-C stops it). In another shell, try:"
+	@echo "  curl --cacert certs/ca.crt -H 'Content-Type: application/json' \\"
+	@echo "    --data-binary @$(EXAMPLE) https://$(ADDRESS)/validate"
+	$(BIN)/admit-guard serve --cluster examples/cluster --cert-dir certs --bind $(ADDRESS)
+
 # The dry run on the bundled cluster; some examples are denied on purpose (exit 1).
-run: $(STAMP)
+check: $(STAMP)
 	$(BIN)/admit-guard check -f examples/workloads --cluster examples/cluster || [ $$? -eq 1 ]
+
+certs: $(STAMP)
+	$(BIN)/admit-guard certs --out certs
+
+certs/tls.crt: | $(STAMP)
+	$(BIN)/admit-guard certs --out certs > /dev/null
 
 test: $(STAMP)
 	$(BIN)/ruff check .

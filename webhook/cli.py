@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
 import sys
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import click
@@ -52,7 +57,7 @@ class Result:
                 {"policy": v.policy, "reason": v.reason, "message": v.message, "node": v.node}
                 for v in self.decision.violations
             ],
-            "warnings": self.decision.warnings,
+            "warnings": self.decision.notices,
             "patch": self.decision.patch,
         }
 
@@ -152,7 +157,7 @@ def _print_text(results: list[Result], errors: list[ManifestError]) -> None:
         click.echo(f"{verdict} {obj['kind']} {name}  ({result.document.location})")
         for v in decision.violations:
             click.echo(f"  {v.reason}: {v.message}")
-        for warning in decision.warnings:
+        for warning in decision.notices:
             click.echo(f"  warning: {warning}")
         for v in decision.audited:
             click.echo(f"  audit: {v.reason}: {v.message}")
@@ -206,3 +211,77 @@ def test_command(paths, pattern, junit) -> None:
         sys.exit(EXIT_INPUT_ERROR)
     if failed:
         sys.exit(EXIT_DENIED)
+
+
+@main.command()
+@click.option("--service", default="admit-guard", show_default=True, help="The webhook Service's name.")
+@click.option("--namespace", default="admit-guard", show_default=True, help="The Service's namespace.")
+@click.option(
+    "--out", type=click.Path(file_okay=False, path_type=Path), default=Path("certs"), show_default=True
+)
+def certs(service, namespace, out) -> None:
+    """Write a CA and a serving certificate (ca.crt, ca.key, tls.crt, tls.key) for the Service.
+
+    Prints the base64 caBundle on stdout, for the webhook configurations.
+    """
+    from .certs import issue
+
+    issued = issue(service, namespace, out)
+    click.echo(
+        f"wrote {out}/ca.crt ca.key tls.crt tls.key for {', '.join(issued.dns_names)}, 127.0.0.1", err=True
+    )
+    click.echo(issued.ca_bundle)
+
+
+@main.command()
+@click.option("--cluster", multiple=True, help="Cluster snapshot file or directory (repeatable).")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Policy config file.")
+@click.option(
+    "--cert-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("certs"),
+    show_default=True,
+    help="Directory with tls.crt and tls.key; re-read when they change.",
+)
+@click.option("--bind", default="0.0.0.0:8443", show_default=True, help="Address to listen on (HTTPS).")
+@click.option("--workers", type=click.IntRange(1, 64), default=2, show_default=True)
+@click.option(
+    "--threads", type=click.IntRange(1, 256), default=8, show_default=True, help="Threads per worker."
+)
+@click.option("--max-body-bytes", type=click.IntRange(1024), default=3 * 1024 * 1024, show_default=True)
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info")
+def serve(cluster, config_path, cert_dir, bind, workers, threads, max_body_bytes, log_level) -> None:
+    """Serve /validate and /mutate over HTTPS under gunicorn."""
+    for name in ("tls.crt", "tls.key"):
+        if not (cert_dir / name).is_file():
+            raise InputError(
+                f"{cert_dir / name}: missing; create it with 'admit-guard certs --out {cert_dir}'"
+            )
+    config = _load_config(config_path)
+    state = _load_state(cluster)
+    _metrics_dir()
+    # Imported only now: the metrics client picks its multi-process mode at import time.
+    from .server import create_app, log_decisions_to_stderr
+    from .serving import GuardServer, ServeOptions
+    from .state.source import FixedState
+
+    source = FixedState(state)
+    options = ServeOptions(
+        bind=bind, cert_dir=cert_dir, workers=workers, threads=threads, log_level=log_level
+    )
+    # Loaded once here; each forked worker builds its app around the shared state.
+    log_decisions_to_stderr()
+    GuardServer(lambda: create_app(config, source, max_body_bytes=max_body_bytes), options).run()
+
+
+def _metrics_dir() -> None:
+    """A fresh directory for the workers' metric files (stale files would skew counters)."""
+    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if directory:
+        for stale in Path(directory).glob("*.db"):
+            stale.unlink()
+    else:
+        created, owner = tempfile.mkdtemp(prefix="admit-guard-metrics-"), os.getpid()
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = created
+        # Workers inherit atexit hooks; only the process that made the directory removes it.
+        atexit.register(lambda: os.getpid() == owner and shutil.rmtree(created, ignore_errors=True))

@@ -32,13 +32,23 @@ class Violation:
 
 @dataclass(slots=True)
 class Decision:
-    """``violations`` deny; ``audited`` are recorded only; ``patch`` is a JSONPatch or None."""
+    """``violations`` deny; ``audited`` are recorded only; ``fixed`` are what ``patch`` repairs."""
 
     allowed: bool = True
     violations: list[Violation] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     patch: list[dict[str, Any]] | None = None
     audited: list[Violation] = field(default_factory=list)
+    fixed: list[Violation] = field(default_factory=list)
+
+    @property
+    def fix_notes(self) -> list[str]:
+        return [f"[{v.policy}] fixed {v.reason}: {v.message}" for v in self.fixed]
+
+    @property
+    def notices(self) -> list[str]:
+        """Everything a person should read: warnings, then what the patch fixes."""
+        return [*self.warnings, *self.fix_notes]
 
 
 def evaluate(
@@ -89,7 +99,7 @@ def _apply(decision: Decision, policy: str, mode: str, finding: Finding):
     elif mode == "audit":
         decision.audited.append(violation)
     elif mode == "fix" and finding.fix is not None:
-        decision.warnings.append(f"[{policy}] fixed {finding.reason}: {finding.message}")
+        decision.fixed.append(violation)
         return finding.fix
     else:
         decision.violations.append(violation)

@@ -141,8 +141,8 @@ def _compare(case: Case, decision: Decision, failures: list[str]) -> None:
         if not any(wanted in m for m in messages):
             failures.append(f"no message contains {wanted!r}; messages: {messages}")
     for wanted in expect.get("warnings", []):
-        if not any(wanted in w for w in decision.warnings):
-            failures.append(f"no warning contains {wanted!r}; warnings: {decision.warnings}")
+        if not any(wanted in w for w in decision.notices):
+            failures.append(f"no warning contains {wanted!r}; warnings: {decision.notices}")
     if "patched" in expect:
         actual = (
             jsonpatch.apply_patch(copy.deepcopy(case.obj), decision.patch) if decision.patch else case.obj

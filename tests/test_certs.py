@@ -1,0 +1,72 @@
+"""``admit-guard certs``: a CA and a serving certificate the apiserver will accept."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import ipaddress
+import stat
+
+from click.testing import CliRunner
+from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from webhook.certs import issue
+from webhook.cli import main
+
+
+def load(path) -> x509.Certificate:
+    return x509.load_pem_x509_certificate(path.read_bytes())
+
+
+def test_serving_certificate_covers_every_service_name_and_loopback(tmp_path):
+    issue("guard", "platform", tmp_path)
+    san = load(tmp_path / "tls.crt").extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert set(san.get_values_for_type(x509.DNSName)) == {
+        "guard",
+        "guard.platform",
+        "guard.platform.svc",
+        "guard.platform.svc.cluster.local",
+        "localhost",
+    }
+    assert san.get_values_for_type(x509.IPAddress) == [ipaddress.ip_address("127.0.0.1")]
+
+
+def test_serving_certificate_is_signed_by_the_ca_for_server_auth_only(tmp_path):
+    issue("guard", "platform", tmp_path)
+    ca, cert = load(tmp_path / "ca.crt"), load(tmp_path / "tls.crt")
+    cert.verify_directly_issued_by(ca)
+    assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca is True
+    assert cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca is False
+    usages = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert list(usages) == [x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]
+
+
+def test_lifetimes_are_a_year_for_serving_and_five_for_the_ca_with_p256_keys(tmp_path):
+    now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    issue("guard", "platform", tmp_path, now=now)
+    ca, cert = load(tmp_path / "ca.crt"), load(tmp_path / "tls.crt")
+    assert cert.not_valid_before_utc < now < cert.not_valid_after_utc <= now + dt.timedelta(days=366)
+    assert ca.not_valid_after_utc - now >= dt.timedelta(days=5 * 365)
+    assert isinstance(cert.public_key(), ec.EllipticCurvePublicKey)
+    assert cert.public_key().curve.key_size >= 256
+
+
+def test_private_keys_are_readable_by_the_owner_only(tmp_path):
+    issue("guard", "platform", tmp_path)
+    for name in ("ca.key", "tls.key"):
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o600
+
+
+def test_cli_prints_the_ca_bundle_on_stdout(tmp_path):
+    result = CliRunner().invoke(
+        main, ["certs", "--service", "guard", "--namespace", "ns", "--out", str(tmp_path)]
+    )
+    assert result.exit_code == 0
+    assert base64.b64decode(result.stdout.strip()) == (tmp_path / "ca.crt").read_bytes()
+
+
+def test_serve_without_certificates_says_how_to_make_them(tmp_path):
+    result = CliRunner().invoke(main, ["serve", "--cert-dir", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "admit-guard certs" in result.output

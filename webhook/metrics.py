@@ -1,0 +1,116 @@
+"""Prometheus metrics that stay correct when gunicorn runs several worker processes.
+
+With ``PROMETHEUS_MULTIPROC_DIR`` set (``admit-guard serve`` sets it before the client is
+imported), every worker writes its samples to files there and a scrape of any worker
+aggregates all of them. Without it (tests, embedding), the metrics live in the app's own
+registry. Gauges carry labels or are written only by workers, never by the gunicorn master:
+a master's sample would linger in the aggregate forever.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
+
+from .state.source import Readiness
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+_UPDATED = "admit_guard_state_last_update_timestamp_seconds"
+# Decisions take tens of microseconds; the apiserver's budget is seconds.
+_LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+
+
+def multiprocess() -> bool:
+    return bool(os.environ.get(MULTIPROC_ENV))
+
+
+class Metrics:
+    """The guard's metrics, and the scrape that aggregates them across workers."""
+
+    def __init__(self) -> None:
+        self._registry = None if multiprocess() else CollectorRegistry()
+        registry = self._registry
+        self.requests = Counter(
+            "admit_guard_requests",
+            "Admission requests answered, by endpoint, object kind, operation and verdict.",
+            ["endpoint", "kind", "operation", "verdict"],
+            registry=registry,
+        )
+        self.violations = Counter(
+            "admit_guard_violations",
+            "Policy findings (denied, audited or fixed), by policy, reason and mode outcome. "
+            "Dry runs are not counted.",
+            ["policy", "reason", "outcome"],
+            registry=registry,
+        )
+        self.bad_requests = Counter(
+            "admit_guard_bad_requests",
+            "Requests that were not a usable AdmissionReview, by endpoint and HTTP status.",
+            ["endpoint", "code"],
+            registry=registry,
+        )
+        self.latency = Histogram(
+            "admit_guard_decision_seconds",
+            "Time from request body read to response ready, by endpoint.",
+            ["endpoint"],
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.state_objects = Gauge(
+            "admit_guard_state_objects",
+            "Objects in the worker's cluster state, by kind.",
+            ["kind"],
+            multiprocess_mode="livemax",
+            registry=registry,
+        )
+        self.state_updated = Gauge(
+            _UPDATED,
+            "Wall-clock time of the last change applied to the cluster state (oldest worker).",
+            ["source"],
+            multiprocess_mode="livemin",
+            registry=registry,
+        )
+
+    def observe_state(self, readiness: Readiness, source: str) -> None:
+        self.state_objects.labels("node").set(readiness.nodes)
+        self.state_objects.labels("pod").set(readiness.pods)
+        if readiness.updated_at is not None:
+            self.state_updated.labels(source).set(readiness.updated_at)
+
+    def scrape(self) -> bytes:
+        registry = CollectorRegistry()
+        source = MultiProcessCollector(CollectorRegistry()) if self._registry is None else self._registry
+        registry.register(_WithStateAge(source))
+        return generate_latest(registry)
+
+
+class _WithStateAge:
+    """Adds ``admit_guard_state_age_seconds``, computed at scrape time from the oldest update."""
+
+    def __init__(self, source) -> None:
+        self._source = source
+
+    def collect(self) -> Iterator[Metric]:
+        families: Iterable[Metric] = self._source.collect()
+        for family in families:
+            yield family
+            if family.name == _UPDATED and family.samples:
+                age = GaugeMetricFamily(
+                    "admit_guard_state_age_seconds",
+                    "Seconds since the last change applied to the cluster state (oldest worker).",
+                    labels=["source"],
+                )
+                for sample in family.samples:
+                    age.add_metric([sample.labels["source"]], max(0.0, time.time() - sample.value))
+                yield age
+
+
+def worker_exited(pid: int) -> None:
+    """gunicorn ``child_exit``: drop a dead worker's live gauges from the aggregate."""
+    if multiprocess():
+        mark_process_dead(pid)

@@ -1,0 +1,172 @@
+"""The Flask app the kube-apiserver talks to: /validate /mutate /healthz /readyz /metrics.
+
+``create_app`` is an explicit factory: gunicorn workers, tests and benchmarks each build an
+app from a config and a state source, and nothing lives in module globals. Every answer is
+JSON; no input reaches a 500 or a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+
+import orjson
+from flask import Flask, Response, request
+from werkzeug.exceptions import HTTPException
+
+from . import admission
+from .admission import MUTATE, VALIDATE, AdmissionRequest, Outcome, ReviewError
+from .config import Config
+from .metrics import Metrics
+from .state.source import StateSource
+
+DEFAULT_MAX_BODY = 3 * 1024 * 1024  # the apiserver's own request limit is 3 MiB
+DECISION_LOG = "admit_guard.decision"
+# An unread body makes the socket close with a reset, and the client never sees the 413.
+DRAIN_LIMIT = 16 * 1024 * 1024
+
+
+def create_app(
+    config: Config,
+    source: StateSource,
+    *,
+    source_name: str = "snapshot",
+    max_body_bytes: int = DEFAULT_MAX_BODY,
+) -> Flask:
+    """Build the webhook app. ``source`` supplies the cluster state and its readiness."""
+    app = Flask("admit_guard")
+    app.config["MAX_CONTENT_LENGTH"] = max_body_bytes
+    metrics = Metrics()
+    log = logging.getLogger(DECISION_LOG)
+
+    def answer(endpoint: str) -> Response:
+        started = time.perf_counter()
+        try:
+            req = admission.parse_review(request.get_data())
+        except ReviewError as err:
+            metrics.bad_requests.labels(endpoint, "400").inc()
+            return _error(400, str(err))
+        except HTTPException:
+            raise
+        except Exception as err:  # a parser bug is still the body's problem, never a 500
+            logging.getLogger(__name__).exception("unreadable AdmissionReview")
+            metrics.bad_requests.labels(endpoint, "400").inc()
+            return _error(400, f"unreadable AdmissionReview ({type(err).__name__})")
+        try:
+            with source.reading() as state:
+                outcome = admission.review(req, endpoint, state, config)
+        except Exception as err:  # a bug must not become a 500 on the path of every pod
+            logging.getLogger(__name__).exception("review %s failed", req.uid)
+            outcome = admission.unchecked(req, endpoint, f"internal error ({type(err).__name__})", config)
+        latency = time.perf_counter() - started
+        _record(metrics, endpoint, outcome, latency)
+        if log.isEnabledFor(logging.INFO):
+            log.info(_log_line(endpoint, outcome, latency))
+        metrics.observe_state(source.readiness(), source_name)
+        return Response(outcome.body(), mimetype="application/json")
+
+    @app.post("/validate")
+    def validate() -> Response:
+        return answer(VALIDATE)
+
+    @app.post("/mutate")
+    def mutate() -> Response:
+        return answer(MUTATE)
+
+    @app.get("/healthz")
+    def healthz() -> Response:
+        return _json(200, {"status": "ok"})
+
+    @app.get("/readyz")
+    def readyz() -> Response:
+        readiness = source.readiness()
+        body = {
+            "ready": readiness.ready,
+            "reason": readiness.reason,
+            "nodes": readiness.nodes,
+            "pods": readiness.pods,
+            "updatedAt": readiness.updated_at,
+        }
+        return _json(200 if readiness.ready else 503, body)
+
+    @app.get("/metrics")
+    def scrape() -> Response:
+        metrics.observe_state(source.readiness(), source_name)
+        return Response(metrics.scrape(), mimetype="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.errorhandler(HTTPException)
+    def http_error(err: HTTPException) -> Response:
+        if err.code == 413 and request.path in ("/validate", "/mutate"):
+            metrics.bad_requests.labels(request.path.lstrip("/"), "413").inc()
+            _drain(request.environ.get("wsgi.input"), min(request.content_length or 0, DRAIN_LIMIT))
+            return _error(413, f"request body is larger than the {max_body_bytes}-byte limit")
+        return _error(err.code or 500, err.description or err.name)
+
+    return app
+
+
+def _record(metrics: Metrics, endpoint: str, outcome: Outcome, latency: float) -> None:
+    req = outcome.request
+    metrics.latency.labels(endpoint).observe(latency)
+    metrics.requests.labels(endpoint, req.kind, req.operation, outcome.verdict).inc()
+    decision = outcome.decision
+    if decision is None or req.dry_run:
+        return  # dry runs have no side effects, and counting a finding is one
+    if endpoint == MUTATE:
+        findings = [("fixed", v) for v in decision.fixed]
+    else:
+        findings = [("denied", v) for v in (*decision.violations, *decision.fixed)]
+        findings += [("audited", v) for v in decision.audited]
+    for outcome_label, violation in findings:
+        metrics.violations.labels(violation.policy, violation.reason, outcome_label).inc()
+
+
+def _log_line(endpoint: str, outcome: Outcome, latency: float) -> str:
+    """One JSON line per decision; identifiers and verdicts only, never object bodies."""
+    req: AdmissionRequest = outcome.request
+    line = {
+        "msg": "decision",
+        "uid": req.uid,
+        "endpoint": endpoint,
+        "kind": req.kind,
+        "namespace": req.namespace,
+        "name": req.name,
+        "operation": req.operation,
+        "user": req.user,
+        "dryRun": req.dry_run,
+        "verdict": outcome.verdict,
+        "reasons": outcome.reasons,
+        "latencyMs": round(latency * 1000, 3),
+    }
+    if outcome.error:
+        line["error"] = outcome.error
+    return orjson.dumps(line).decode()
+
+
+def log_decisions_to_stderr() -> None:
+    """Decision lines go to stderr as bare JSON (one per line), for the log pipeline."""
+    log = logging.getLogger(DECISION_LOG)
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+
+
+def _drain(stream, remaining: int) -> None:
+    """Read and drop ``remaining`` bytes of the request body (less if it ends early)."""
+    while stream is not None and remaining > 0:
+        chunk = stream.read(min(remaining, 65536))
+        if not chunk:
+            break
+        remaining -= len(chunk)
+
+
+def _error(code: int, message: str) -> Response:
+    return _json(code, {"error": message, "code": code})
+
+
+def _json(code: int, body: dict) -> Response:
+    return Response(orjson.dumps(body), status=code, mimetype="application/json")

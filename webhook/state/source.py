@@ -1,0 +1,56 @@
+"""Where the server's cluster state comes from: a fixed snapshot, or (later) a live informer.
+
+The server only needs three things from a source: the state to judge against (read under
+whatever lock keeps it consistent), whether it is ready, and how fresh it is.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from .model import ClusterState
+
+
+@dataclass(frozen=True, slots=True)
+class Readiness:
+    ready: bool
+    reason: str
+    nodes: int = 0
+    pods: int = 0
+    updated_at: float | None = None  # wall clock of the last applied change
+
+
+class StateSource(Protocol):
+    def reading(self) -> AbstractContextManager[ClusterState | None]:
+        """The state, consistent for the duration of the ``with`` block; None when unusable."""
+
+    def readiness(self) -> Readiness: ...
+
+
+@dataclass(slots=True)
+class FixedState:
+    """A snapshot loaded once at start (or no state at all): always ready, never changes."""
+
+    state: ClusterState | None
+    loaded_at: float = field(default_factory=time.time)
+
+    @contextmanager
+    def reading(self) -> Iterator[ClusterState | None]:
+        yield self.state
+
+    def readiness(self) -> Readiness:
+        if self.state is None:
+            return Readiness(
+                True, "no cluster state configured: node checks only warn", updated_at=self.loaded_at
+            )
+        return Readiness(
+            True,
+            "snapshot loaded",
+            nodes=len(self.state.nodes),
+            pods=len(self.state.pods),
+            updated_at=self.loaded_at,
+        )
