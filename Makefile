@@ -41,6 +41,8 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/engine_bench.py
+	$(BIN)/python bench/http_bench.py
+	$(BIN)/python bench/informer_bench.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

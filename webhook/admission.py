@@ -123,7 +123,13 @@ def parse_review(body: bytes) -> AdmissionRequest:
     )
 
 
-def review(request: AdmissionRequest, endpoint: str, state: ClusterState | None, config: Config) -> Outcome:
+def review(
+    request: AdmissionRequest,
+    endpoint: str,
+    state: ClusterState | None,
+    config: Config,
+    state_unavailable: str | None = None,
+) -> Outcome:
     """Run the engine and shape its decision for ``endpoint`` (``validate`` or ``mutate``).
 
     The mutating webhook only repairs (policies in ``fix`` mode) and never denies: denials
@@ -143,6 +149,7 @@ def review(request: AdmissionRequest, endpoint: str, state: ClusterState | None,
             old_object=request.old_obj,
             user=request.user,
             groups=request.groups,
+            state_unavailable=state_unavailable,
         )
     except FieldError as err:
         return unchecked(request, endpoint, f"{request.kind} field {err}", config)

@@ -80,6 +80,33 @@ def _load_state(paths: tuple[str, ...]) -> ClusterState | None:
         raise InputError("cluster snapshot:\n  " + "\n  ".join(err.problems)) from None
 
 
+def live_cluster_options(command):
+    """``--kubeconfig`` / ``--context``: read state from a live API server."""
+    command = click.option("--context", help="kubeconfig context for live cluster state.")(command)
+    return click.option(
+        "--kubeconfig",
+        type=click.Path(dir_okay=False),
+        help="Read nodes and pods live from this cluster (in a pod: the service account).",
+    )(command)
+
+
+def _wants_live(cluster: tuple[str, ...], kubeconfig: str | None, context: str | None) -> bool:
+    if cluster and (kubeconfig or context):
+        raise InputError("--cluster and --kubeconfig/--context are exclusive: one source of state")
+    return bool(kubeconfig or context) or (not cluster and "KUBERNETES_SERVICE_HOST" in os.environ)
+
+
+def _api_server(kubeconfig: str | None, context: str | None):
+    from kubernetes.config.config_exception import ConfigException
+
+    from .state.apiserver import ApiServer
+
+    try:
+        return ApiServer.connect(kubeconfig, context)
+    except (ConfigException, OSError, ValueError) as err:
+        raise InputError(f"cannot use the cluster credentials: {err}") from None
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="admit-guard")
 def main() -> None:
@@ -108,13 +135,24 @@ def main() -> None:
 )
 @click.option("--as", "user", default="", help="Evaluate as this user (for exemptions), like kubectl.")
 @click.option("--as-group", "groups", multiple=True, help="Evaluate as a member of this group (repeatable).")
-def check(files, cluster, config_path, output, operation, user, groups) -> None:
+@live_cluster_options
+def check(files, cluster, config_path, output, operation, user, groups, kubeconfig, context) -> None:
     """Check manifests as the admission webhook would.
 
     Exit status: 0 all allowed, 1 any denied, 2 usage or input error.
     """
     config = _load_config(config_path)
-    state = _load_state(cluster)
+    if kubeconfig or context:
+        _wants_live(cluster, kubeconfig, context)
+        from .state.apiserver import ApiError
+        from .state.informer import live_snapshot
+
+        try:
+            state = live_snapshot(_api_server(kubeconfig, context))
+        except ApiError as err:
+            raise InputError(f"cannot list nodes and pods: {err}") from None
+    else:
+        state = _load_state(cluster)
     results: list[Result] = []
     errors: list[ManifestError] = []
     for doc in read_documents(files):
@@ -246,32 +284,67 @@ def certs(service, namespace, out) -> None:
 @click.option("--bind", default="0.0.0.0:8443", show_default=True, help="Address to listen on (HTTPS).")
 @click.option("--workers", type=click.IntRange(1, 64), default=2, show_default=True)
 @click.option(
-    "--threads", type=click.IntRange(1, 256), default=8, show_default=True, help="Threads per worker."
+    "--threads", type=click.IntRange(1, 256), default=4, show_default=True, help="Threads per worker."
 )
 @click.option("--max-body-bytes", type=click.IntRange(1024), default=3 * 1024 * 1024, show_default=True)
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info")
-def serve(cluster, config_path, cert_dir, bind, workers, threads, max_body_bytes, log_level) -> None:
-    """Serve /validate and /mutate over HTTPS under gunicorn."""
+@click.option(
+    "--max-state-age",
+    type=click.FloatRange(1),
+    default=300.0,
+    show_default=True,
+    help="Live state not refreshed (event or bookmark) for this many seconds is not trusted.",
+)
+@live_cluster_options
+def serve(
+    cluster,
+    config_path,
+    cert_dir,
+    bind,
+    workers,
+    threads,
+    max_body_bytes,
+    log_level,
+    max_state_age,
+    kubeconfig,
+    context,
+) -> None:
+    """Serve /validate and /mutate over HTTPS under gunicorn.
+
+    State: --cluster snapshots, or live from --kubeconfig/--context, or (in a pod, with neither)
+    live from the API server with the pod's service account. Each worker runs its own
+    informer, so a worker never waits on another process to answer a review.
+    """
     for name in ("tls.crt", "tls.key"):
         if not (cert_dir / name).is_file():
             raise InputError(
                 f"{cert_dir / name}: missing; create it with 'admit-guard certs --out {cert_dir}'"
             )
     config = _load_config(config_path)
-    state = _load_state(cluster)
+    live = _wants_live(cluster, kubeconfig, context)
+    if live:
+        _api_server(kubeconfig, context)  # fail now, not in every worker
+    state = None if live else _load_state(cluster)
     _metrics_dir()
     # Imported only now: the metrics client picks its multi-process mode at import time.
     from .server import create_app, log_decisions_to_stderr
     from .serving import GuardServer, ServeOptions
+    from .state.informer import Informer, Timing
     from .state.source import FixedState
 
-    source = FixedState(state)
+    def app():
+        """Runs in each worker after the fork: threads and connections are per process."""
+        if live:
+            source = Informer(_api_server(kubeconfig, context), Timing(max_age=max_state_age)).start()
+            return create_app(config, source, source_name="informer", max_body_bytes=max_body_bytes)
+        # The snapshot was loaded once, before the fork: workers share its pages.
+        return create_app(config, FixedState(state), max_body_bytes=max_body_bytes)
+
     options = ServeOptions(
         bind=bind, cert_dir=cert_dir, workers=workers, threads=threads, log_level=log_level
     )
-    # Loaded once here; each forked worker builds its app around the shared state.
     log_decisions_to_stderr()
-    GuardServer(lambda: create_app(config, source, max_body_bytes=max_body_bytes), options).run()
+    GuardServer(app, options).run()
 
 
 def _metrics_dir() -> None:

@@ -60,10 +60,13 @@ def evaluate(
     old_object: Mapping[str, Any] | None = None,
     user: str = "",
     groups: tuple[str, ...] = (),
+    state_unavailable: str | None = None,
 ) -> Decision:
     """Decide on one object. Raises ``FieldError`` (with the full field path) on bad input.
 
     ``state`` None means "no cluster state": checks that need node state become warnings.
+    ``state_unavailable`` says why live state should have been there but is not usable (not
+    yet synced, too old): node checks then answer per ``config.fail_open``.
     Kinds that create no pods, and operations other than CREATE/UPDATE, pass untouched.
     """
     decision = Decision()
@@ -80,7 +83,7 @@ def evaluate(
         mode = config.mode(name)
         if mode == "off" or any(e.covers(name, namespace, user, groups) for e in config.exemptions):
             continue
-        for finding in run(review, state, config):
+        for finding in run(review, state, config, state_unavailable):
             fix = _apply(decision, name, mode, finding)
             if fix:
                 # Later policies judge the object as it will be stored.
@@ -120,13 +123,15 @@ def _review(obj: Mapping[str, Any], operation: str, old_shape) -> Review:
 
 
 _POLICIES = (
-    (pinned_node_name.NAME, lambda review, state, config: pinned_node_name.check(review, state)),
+    (pinned_node_name.NAME, lambda review, state, config, _: pinned_node_name.check(review, state)),
     (
         device_scheduler.NAME,
-        lambda review, state, config: device_scheduler.check(review, state, config.device_scheduler),
+        lambda review, state, config, _: device_scheduler.check(review, state, config.device_scheduler),
     ),
     (
         node_admission.NAME,
-        lambda review, state, config: node_admission.check(review, state, config.node_admission),
+        lambda review, state, config, unavailable: node_admission.check(
+            review, state, config.node_admission, unavailable, config.fail_open
+        ),
     ),
 )

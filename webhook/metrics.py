@@ -76,9 +76,18 @@ class Metrics:
             registry=registry,
         )
 
+        self.state_relists = Gauge(
+            "admit_guard_state_relists",
+            "Full relists of nodes or pods after the watch could not resume (410 Gone), all workers.",
+            ["source"],
+            multiprocess_mode="livesum",
+            registry=registry,
+        )
+
     def observe_state(self, readiness: Readiness, source: str) -> None:
         self.state_objects.labels("node").set(readiness.nodes)
         self.state_objects.labels("pod").set(readiness.pods)
+        self.state_relists.labels(source).set(readiness.relists)
         if readiness.updated_at is not None:
             self.state_updated.labels(source).set(readiness.updated_at)
 

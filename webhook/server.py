@@ -21,6 +21,7 @@ from .config import Config
 from .metrics import Metrics
 from .state.source import StateSource
 
+SOURCE_EXTENSION = "admit_guard.state_source"
 DEFAULT_MAX_BODY = 3 * 1024 * 1024  # the apiserver's own request limit is 3 MiB
 DECISION_LOG = "admit_guard.decision"
 # An unread body makes the socket close with a reset, and the client never sees the 413.
@@ -37,6 +38,7 @@ def create_app(
     """Build the webhook app. ``source`` supplies the cluster state and its readiness."""
     app = Flask("admit_guard")
     app.config["MAX_CONTENT_LENGTH"] = max_body_bytes
+    app.extensions[SOURCE_EXTENSION] = source  # gunicorn's worker_exit closes it
     metrics = Metrics()
     log = logging.getLogger(DECISION_LOG)
 
@@ -54,8 +56,8 @@ def create_app(
             metrics.bad_requests.labels(endpoint, "400").inc()
             return _error(400, f"unreadable AdmissionReview ({type(err).__name__})")
         try:
-            with source.reading() as state:
-                outcome = admission.review(req, endpoint, state, config)
+            with source.reading() as view:
+                outcome = admission.review(req, endpoint, view.state, config, view.unavailable)
         except Exception as err:  # a bug must not become a 500 on the path of every pod
             logging.getLogger(__name__).exception("review %s failed", req.uid)
             outcome = admission.unchecked(req, endpoint, f"internal error ({type(err).__name__})", config)

@@ -21,6 +21,7 @@ from typing import Any
 from gunicorn.app.base import BaseApplication
 
 from .metrics import worker_exited
+from .server import SOURCE_EXTENSION
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +31,7 @@ class ServeOptions:
     bind: str = "0.0.0.0:8443"
     cert_dir: Path = Path("certs")
     workers: int = 2
-    threads: int = 8
+    threads: int = 4
     keepalive: int = 75  # longer than the apiserver's 90 s idle timeout is pointless; shorter churns TLS
     timeout: int = 30
     graceful_timeout: int = 25
@@ -83,6 +84,14 @@ def server_context(cert: Path, key: Path) -> ssl.SSLContext:
     return context
 
 
+def _close_state_source(worker) -> None:
+    """Stop the worker's informer (its watches) before the process exits."""
+    extensions = getattr(getattr(worker, "wsgi", None), "extensions", {})
+    source = extensions.get(SOURCE_EXTENSION)
+    if source is not None:
+        source.close()
+
+
 class GuardServer(BaseApplication):
     """A gunicorn application built in code, so ``admit-guard serve`` needs no config file."""
 
@@ -106,6 +115,7 @@ class GuardServer(BaseApplication):
             "keyfile": str(certificates.key),
             "ssl_context": lambda conf, default_factory: certificates.context(),
             "child_exit": lambda server, worker: worker_exited(worker.pid),
+            "worker_exit": lambda server, worker: _close_state_source(worker),
             "loglevel": opts.log_level,
             "errorlog": "-",
             "accesslog": None,

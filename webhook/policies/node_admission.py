@@ -14,14 +14,33 @@ from . import Finding, Review
 
 NAME = "nodeAdmission"
 UNKNOWN_NODE = "UnknownNode"
+STATE_UNAVAILABLE = "ClusterStateUnavailable"
 
 
-def check(review: Review, state: ClusterState | None, config: NodeAdmissionConfig) -> list[Finding]:
+def check(
+    review: Review,
+    state: ClusterState | None,
+    config: NodeAdmissionConfig,
+    unavailable: str | None = None,
+    fail_open: bool = True,
+) -> list[Finding]:
+    """``unavailable`` says why live state cannot be trusted (not synced, stale): the check
+    is then skipped with a warning, or denied when the guard fails closed."""
     node_name = review.shape.spec.get("nodeName")
     if review.shape.kind != "Pod" or review.operation != "CREATE" or not node_name:
         return []
     if MIRROR_ANNOTATION in (review.shape.metadata.get("annotations") or {}):
         return []  # the kubelet never admits mirror pods: their static pod already runs
+    if unavailable is not None:
+        return [
+            Finding(
+                STATE_UNAVAILABLE,
+                f"{review.description} sets spec.nodeName={node_name!r}, but the kubelet's "
+                f"admission could not be checked: {unavailable}.",
+                node=node_name,
+                advisory=fail_open,
+            )
+        ]
     if state is None:
         return [
             Finding(

@@ -21,14 +21,26 @@ class Readiness:
     reason: str
     nodes: int = 0
     pods: int = 0
-    updated_at: float | None = None  # wall clock of the last applied change
+    updated_at: float | None = None  # wall clock of the last applied change (or bookmark)
+    relists: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class StateView:
+    """The state to judge against, or None with the reason it cannot be trusted right now."""
+
+    state: ClusterState | None
+    unavailable: str | None = None
 
 
 class StateSource(Protocol):
-    def reading(self) -> AbstractContextManager[ClusterState | None]:
-        """The state, consistent for the duration of the ``with`` block; None when unusable."""
+    def reading(self) -> AbstractContextManager[StateView]:
+        """The state, consistent for the duration of the ``with`` block."""
 
     def readiness(self) -> Readiness: ...
+
+    def close(self) -> None:
+        """Stop background work (watches); called when a worker exits."""
 
 
 @dataclass(slots=True)
@@ -39,8 +51,11 @@ class FixedState:
     loaded_at: float = field(default_factory=time.time)
 
     @contextmanager
-    def reading(self) -> Iterator[ClusterState | None]:
-        yield self.state
+    def reading(self) -> Iterator[StateView]:
+        yield StateView(self.state)
+
+    def close(self) -> None:
+        pass
 
     def readiness(self) -> Readiness:
         if self.state is None:

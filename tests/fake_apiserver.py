@@ -1,0 +1,324 @@
+"""A small Kubernetes API server on loopback: paginated lists and chunked watch streams for
+nodes and pods, driven by a scripted event log, with faults injected on demand.
+
+It speaks just enough of the real protocol for the informer: ``limit``/``continue``
+pagination over a consistent snapshot, ``watch=true&resourceVersion=N`` replaying every event
+after N then following new ones, bookmarks, ``410`` once the log is compacted past N, and a
+bearer token. Faults are queued per resource and consumed by the next request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+import orjson
+
+PATHS = {"/api/v1/nodes": "nodes", "/api/v1/pods": "pods"}
+LIST_KINDS = {"nodes": "NodeList", "pods": "PodList"}
+
+
+@dataclass
+class Fault:
+    """One injected fault. ``after`` events are sent first (watch faults)."""
+
+    kind: str  # drop | malformed | stall | slow | gone | http500 | expire-continue
+    after: int = 0
+    seconds: float = 0.0
+
+
+@dataclass
+class Cluster:
+    """The truth: current objects, the event log, and the faults still to inject."""
+
+    token: str = "test-token"
+    bookmark_every: float = 0.5
+    rv: int = 100
+    objects: dict[str, dict[str, bytes]] = field(default_factory=lambda: {"nodes": {}, "pods": {}})
+    log: dict[str, list[tuple[int, bytes]]] = field(default_factory=lambda: {"nodes": [], "pods": []})
+    floor: dict[str, int] = field(default_factory=lambda: {"nodes": 0, "pods": 0})
+    faults: dict[str, list[Fault]] = field(default_factory=lambda: {"nodes": [], "pods": []})
+    snapshots: dict[str, tuple[int, list[bytes]]] = field(default_factory=dict)
+    requests: list[str] = field(default_factory=list)
+    frozen: dict[str, tuple[int, list[bytes]]] = field(default_factory=dict)
+    watch_generation: int = 0
+
+    def __post_init__(self) -> None:
+        self.changed = threading.Condition()
+
+    # -- the script -------------------------------------------------------------------
+
+    def put(self, resource: str, obj: dict[str, Any]) -> None:
+        """Create or update an object (ADDED or MODIFIED, like the real server)."""
+        with self.changed:
+            key = _key(obj)
+            kind = "MODIFIED" if key in self.objects[resource] else "ADDED"
+            self._record(resource, kind, key, obj)
+
+    def delete(self, resource: str, key: str) -> None:
+        with self.changed:
+            obj = orjson.loads(self.objects[resource][key])
+            self._record(resource, "DELETED", key, obj)
+
+    def load(self, resource: str, objects: Iterable[dict[str, Any]]) -> None:
+        """Bulk-create objects with no watch events (the state before anyone watched)."""
+        with self.changed:
+            for obj in objects:
+                self.rv += 1
+                obj.setdefault("metadata", {})["resourceVersion"] = str(self.rv)
+                self.objects[resource][_key(obj)] = orjson.dumps(obj)
+            self.floor[resource] = self.rv
+
+    def end_watches(self) -> None:
+        """End every open watch as a server-side timeout would; the next watch meets the faults."""
+        with self.changed:
+            self.watch_generation += 1
+            self.changed.notify_all()
+
+    def compact(self, resource: str) -> None:
+        """Forget the log: watches from an older resourceVersion now get 410 Gone."""
+        with self.changed:
+            self.floor[resource] = self.rv
+            self.log[resource].clear()
+
+    def freeze_lists(self) -> None:
+        """Serve lists as of now from here on, so events recorded later reach only watches."""
+        with self.changed:
+            self.frozen = {r: (self.rv, list(objs.values())) for r, objs in self.objects.items()}
+
+    def inject(self, resource: str, *faults: Fault) -> None:
+        with self.changed:
+            self.faults[resource].extend(faults)
+
+    def truth(self, resource: str) -> list[dict[str, Any]]:
+        with self.changed:
+            return [orjson.loads(raw) for raw in self.objects[resource].values()]
+
+    def _record(self, resource: str, kind: str, key: str, obj: dict[str, Any]) -> None:
+        self.rv += 1
+        obj = {**obj, "metadata": {**obj.get("metadata", {}), "resourceVersion": str(self.rv)}}
+        raw = orjson.dumps(obj)
+        if kind == "DELETED":
+            del self.objects[resource][key]
+        else:
+            self.objects[resource][key] = raw
+        self.log[resource].append((self.rv, b'{"type":"%s","object":%s}\n' % (kind.encode(), raw)))
+        self.changed.notify_all()
+
+    def _fault(self, resource: str, kinds: tuple[str, ...]) -> Fault | None:
+        with self.changed:
+            for i, fault in enumerate(self.faults[resource]):
+                if fault.kind in kinds:
+                    return self.faults[resource].pop(i)
+        return None
+
+
+def _key(obj: dict[str, Any]) -> str:
+    metadata = obj.get("metadata") or {}
+    return metadata.get("uid") or metadata["name"]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    cluster: Cluster
+
+    def log_message(self, *args) -> None:  # quiet
+        pass
+
+    def do_GET(self) -> None:
+        try:
+            self._get()
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True  # the client went away: that is its right
+
+    def _get(self) -> None:
+        url = urlparse(self.path)
+        resource = PATHS.get(url.path)
+        query = {k: v[0] for k, v in parse_qs(url.query).items()}
+        self.cluster.requests.append(f"{resource} {'watch' if query.get('watch') else 'list'}")
+        if self.headers.get("Authorization") != f"Bearer {self.cluster.token}":
+            return self._status(401, "Unauthorized", "invalid bearer token")
+        if resource is None:
+            return self._status(404, "NotFound", f"{url.path} not found")
+        if self.cluster._fault(resource, ("http500",)):
+            return self._status(500, "InternalError", "injected failure")
+        if query.get("watch") == "true":
+            return self._watch(
+                resource, int(query.get("resourceVersion") or 0), int(query.get("timeoutSeconds", 60))
+            )
+        return self._list(resource, int(query.get("limit") or 0), query.get("continue", ""))
+
+    def _list(self, resource: str, limit: int, token: str) -> None:
+        cluster = self.cluster
+        if token:
+            if token not in cluster.snapshots or cluster._fault(resource, ("expire-continue",)):
+                return self._status(410, "Expired", "the provided continue parameter is too old")
+            rv, items = cluster.snapshots[token]
+            offset = int(token.rsplit(":", 1)[1])
+        else:
+            with cluster.changed:
+                if resource in cluster.frozen:
+                    (rv, items), offset = cluster.frozen[resource], 0
+                else:
+                    rv, items, offset = cluster.rv, list(cluster.objects[resource].values()), 0
+        end = offset + limit if limit else len(items)
+        metadata: dict[str, Any] = {"resourceVersion": str(rv)}
+        if end < len(items):
+            next_token = f"{resource}-{rv}-{id(items)}:{end}"
+            cluster.snapshots[next_token] = (rv, items)
+            metadata["continue"] = next_token
+        body = b'{"kind":"%s","apiVersion":"v1","metadata":%s,"items":[%s]}' % (
+            LIST_KINDS[resource].encode(),
+            orjson.dumps(metadata),
+            b",".join(items[offset:end]),
+        )
+        self._send(200, body)
+
+    def _watch(self, resource: str, since: int, timeout: int) -> None:
+        cluster = self.cluster
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        if since < cluster.floor[resource] or cluster._fault(resource, ("gone",)):
+            status = {
+                "kind": "Status",
+                "apiVersion": "v1",
+                "status": "Failure",
+                "reason": "Expired",
+                "code": 410,
+            }
+            self._chunk(orjson.dumps({"type": "ERROR", "object": status}) + b"\n")
+            return self._chunk(b"")
+        fault = cluster._fault(resource, ("drop", "malformed", "stall", "slow"))
+        deadline = time.monotonic() + timeout
+        sent, last_bookmark, generation = 0, time.monotonic(), cluster.watch_generation
+        while time.monotonic() < deadline and generation == cluster.watch_generation:
+            with cluster.changed:
+                pending = [(rv, line) for rv, line in cluster.log[resource] if rv > since]
+                if not pending:
+                    cluster.changed.wait(min(cluster.bookmark_every, max(0.0, deadline - time.monotonic())))
+                    pending = [(rv, line) for rv, line in cluster.log[resource] if rv > since]
+                current = cluster.rv
+            for rv, line in pending:
+                if fault is not None and sent >= fault.after:
+                    if fault.kind == "drop":
+                        return self._abort()
+                    if fault.kind == "malformed":
+                        self._chunk(b'{"type":"MODIFIED","object":{"metadata":\n')
+                        return self._chunk(b"")
+                    if fault.kind == "stall":
+                        time.sleep(fault.seconds)
+                        return self._abort()
+                    if fault.kind == "slow":
+                        time.sleep(fault.seconds)
+                self._chunk(line)
+                sent += 1
+                since = rv
+            if time.monotonic() - last_bookmark >= cluster.bookmark_every:
+                bookmark = {
+                    "type": "BOOKMARK",
+                    "object": {"metadata": {"resourceVersion": str(max(since, current))}},
+                }
+                self._chunk(orjson.dumps(bookmark) + b"\n")
+                since, last_bookmark = max(since, current), time.monotonic()
+        self._chunk(b"")  # the server-side timeout: a normal end of the watch
+
+    def _chunk(self, data: bytes) -> None:
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+
+    def _abort(self) -> None:
+        self.close_connection = True
+        self.connection.shutdown(2)
+
+    def _status(self, code: int, reason: str, message: str) -> None:
+        body = orjson.dumps({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason,
+                             "message": message, "code": code})  # fmt: skip
+        self._send(code, body)
+
+    def _send(self, code: int, body: bytes) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+class FakeApiServer:
+    """Serves ``cluster`` on a free loopback port until ``close``."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        handler = type("Handler", (_Handler,), {"cluster": cluster})
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def kubeconfig(self, path) -> str:
+        return write_kubeconfig(path, self.url, self.cluster.token)
+
+    def close(self) -> None:
+        with self.cluster.changed:
+            self.cluster.changed.notify_all()
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def write_kubeconfig(path, url: str, token: str) -> str:
+    """A kubeconfig for ``url`` with a bearer token; returns its path."""
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "fake", "cluster": {"server": url}}],
+        "users": [{"name": "guard", "user": {"token": token}}],
+        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "guard"}}],
+        "current-context": "fake",
+    }
+    path.write_bytes(orjson.dumps(config))
+    return str(path)
+
+
+def main() -> None:
+    """Serve a synthetic cluster (for ``make bench``): prints the URL, then waits for stdin EOF."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    import random
+
+    from engine_bench import make_node, make_pod
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--nodes", type=int, default=5000)
+    parser.add_argument("--pods", type=int, default=150_000)
+    parser.add_argument("--events", type=int, default=200_000)
+    args = parser.parse_args()
+    rng = random.Random(1)
+    cluster = Cluster(bookmark_every=5.0)
+    cluster.load("nodes", (make_node(i) for i in range(args.nodes)))
+    pods = [make_pod(i, args.nodes, rng) for i in range(args.pods)]
+    cluster.load("pods", pods)
+    cluster.freeze_lists()
+    # Churn recorded after the list: every event reaches the informer through its watch.
+    for i in itertools.islice(itertools.cycle(range(args.pods)), args.events):
+        pod = pods[i]
+        pod["metadata"]["labels"] = {"generation": str(i)}
+        cluster.put("pods", pod)
+    server = FakeApiServer(cluster)
+    print(server.url, flush=True)
+    sys.stdin.read()
+    server.close()
+
+
+if __name__ == "__main__":
+    main()

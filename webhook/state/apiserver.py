@@ -1,0 +1,134 @@
+"""A minimal API server client: raw JSON lists and watch streams for nodes and pods.
+
+Authentication comes from the kubernetes client's own loaders (in-cluster service account,
+or a kubeconfig and context, including exec plugins and token refresh); the requests are
+plain urllib3 so list pages and watch lines are parsed with orjson into compact records,
+never into the client's generated models (which cost kilobytes per pod).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import urllib3
+
+RESOURCES = {"nodes": "/api/v1/nodes", "pods": "/api/v1/pods"}
+
+
+class ApiError(Exception):
+    """A failed request; ``status`` is the HTTP or in-stream Status code (0 for transport)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{status}: {message}" if status else message)
+        self.status = status
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    items: list[dict[str, Any]]
+    resource_version: str
+    continue_token: str
+
+
+class ApiServer:
+    """GET requests against one API server with the credentials of a kubernetes Configuration."""
+
+    def __init__(self, configuration) -> None:
+        self._configuration = configuration
+        self.host = configuration.host.rstrip("/")
+        tls: dict[str, Any] = {}
+        if self.host.startswith("https"):
+            tls = {
+                "cert_reqs": "CERT_REQUIRED" if configuration.verify_ssl else "CERT_NONE",
+                "ca_certs": configuration.ssl_ca_cert,
+                "cert_file": configuration.cert_file,
+                "key_file": configuration.key_file,
+            }
+        self._pool = urllib3.PoolManager(num_pools=2, maxsize=4, retries=False, **tls)
+
+    @classmethod
+    def connect(cls, kubeconfig: str | None = None, context: str | None = None) -> ApiServer:
+        """In-cluster credentials when running in a pod and no kubeconfig is named, else kubeconfig."""
+        from kubernetes import client, config
+
+        configuration = client.Configuration()
+        if kubeconfig is None and context is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+            config.load_incluster_config(client_configuration=configuration)
+        else:
+            config.load_kube_config(
+                config_file=kubeconfig, context=context, client_configuration=configuration
+            )
+        return cls(configuration)
+
+    def list_page(self, resource: str, limit: int, continue_token: str = "", timeout: float = 60) -> Page:
+        fields: dict[str, Any] = {"limit": limit}
+        if continue_token:
+            fields["continue"] = continue_token
+        response = self._get(resource, fields, timeout=timeout, stream=False)
+        try:
+            body = orjson.loads(response.data)
+            metadata = body.get("metadata") or {}
+            return Page(
+                body.get("items") or [],
+                str(metadata.get("resourceVersion") or ""),
+                metadata.get("continue") or "",
+            )
+        except (orjson.JSONDecodeError, AttributeError) as err:
+            raise ApiError(0, f"list {resource}: unreadable response: {err}") from None
+
+    def watch(
+        self, resource: str, resource_version: str, timeout_seconds: int, read_timeout: float
+    ) -> urllib3.BaseHTTPResponse:
+        """Open a watch; the caller reads lines with ``watch_lines`` and closes the response."""
+        fields = {
+            "watch": "true",
+            "allowWatchBookmarks": "true",
+            "resourceVersion": resource_version,
+            "timeoutSeconds": timeout_seconds,
+        }
+        return self._get(resource, fields, timeout=read_timeout, stream=True)
+
+    def _get(self, resource: str, fields: dict[str, Any], *, timeout: float, stream: bool):
+        headers = {"Accept": "application/json"}
+        for auth in self._configuration.auth_settings().values():
+            if auth.get("in") == "header" and auth.get("value"):
+                headers[auth["key"]] = auth["value"]
+        try:
+            response = self._pool.request(
+                "GET",
+                self.host + RESOURCES[resource],
+                fields=fields,
+                headers=headers,
+                timeout=urllib3.Timeout(connect=10, read=timeout),
+                preload_content=not stream,
+            )
+        except urllib3.exceptions.HTTPError as err:
+            raise ApiError(0, f"{resource}: {err}") from None
+        if response.status != 200:
+            message = _status_message(response.data if not stream else response.read(65536))
+            response.release_conn()
+            raise ApiError(response.status, f"{resource}: {message}")
+        return response
+
+
+def watch_lines(response) -> Iterator[bytes]:
+    """The newline-delimited events of a watch stream, as they arrive."""
+    pending = b""
+    for chunk in response.stream(65536, decode_content=True):
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        yield from (line for line in lines if line.strip())
+    if pending.strip():
+        yield pending
+
+
+def _status_message(body: bytes) -> str:
+    try:
+        status = orjson.loads(body)
+        return str(status.get("message") or status.get("reason") or body[:200])
+    except (orjson.JSONDecodeError, AttributeError):
+        return body[:200].decode(errors="replace")

@@ -1,0 +1,283 @@
+"""Live cluster state: list, then watch, nodes and pods, applied incrementally to ClusterState.
+
+One thread per resource follows the client-go reflector: a paginated list, then a watch from
+the list's resourceVersion with bookmarks. A server-side watch timeout simply re-watches;
+``410 Gone`` relists; disconnects, stalls and unreadable lines re-watch from the last
+resourceVersion seen (the API server replays what came after it) with capped, jittered
+backoff. Every change goes through ``ClusterState``'s own methods, the same code paths as
+snapshots, under the lock admission reads hold.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from ..kube.errors import FieldError
+from .apiserver import ApiError, ApiServer, watch_lines
+from .model import ClusterState, node_from, object_key, pod_record
+from .source import Readiness, StateView
+
+log = logging.getLogger(__name__)
+GONE = 410
+
+
+class _Relist(Exception):
+    """The watch cannot resume from our resourceVersion: list again."""
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    page_size: int = 500
+    watch_timeout: int = 300  # seconds the API server keeps one watch open (jittered up to 2x)
+    read_timeout: float = 120.0  # no byte (not even a bookmark) for this long: the stream stalled
+    backoff_base: float = 0.5
+    backoff_cap: float = 30.0
+    max_age: float = 300.0  # older state than this is not trusted for node checks
+
+
+@dataclass(frozen=True, slots=True)
+class _Kind:
+    """How one resource maps onto ClusterState: its key, and how to set or remove it."""
+
+    name: str
+    key: Callable[[dict], str]
+    build: Callable[[dict], Any]
+    store: Callable[[str, Any], None]
+    drop: Callable[[str], None]
+    present: Callable[[], list[str]]
+
+
+def _kinds(state: ClusterState) -> tuple[_Kind, _Kind]:
+    return (
+        _Kind(
+            "nodes",
+            key=lambda obj: str((obj.get("metadata") or {}).get("name") or ""),
+            build=node_from,
+            store=lambda key, node: state.set_node(node),
+            drop=state.remove_node,
+            present=lambda: list(state.nodes),
+        ),
+        _Kind(
+            "pods",
+            key=object_key,
+            build=pod_record,
+            store=state.set_pod,
+            drop=state.remove_pod,
+            present=lambda: list(state.pods),
+        ),
+    )
+
+
+class Informer:
+    """Keeps a ``ClusterState`` current from the API server; a ``StateSource`` for the server."""
+
+    def __init__(self, api: ApiServer, timing: Timing | None = None) -> None:
+        self.api = api
+        self.timing = timing or Timing()
+        self.state = ClusterState()
+        self.lock = threading.Lock()
+        self.relists = 0
+        self.events = 0
+        self.skipped = 0  # objects whose fields could not be read (logged, left out)
+        self._synced: set[str] = set()
+        self._heard = 0.0  # monotonic time of the last list page, event or bookmark
+        self._heard_wall: float | None = None
+        self._stop = threading.Event()
+        self._responses: dict[str, Any] = {}
+        self._threads: list[threading.Thread] = []
+
+    # -- the StateSource protocol -------------------------------------------------------
+
+    @contextmanager
+    def reading(self) -> Iterator[StateView]:
+        problem = self._unavailable()
+        if problem is not None:
+            yield StateView(None, problem)
+            return
+        with self.lock:
+            yield StateView(self.state)
+
+    def readiness(self) -> Readiness:
+        ready = self.synced
+        with self.lock:
+            nodes, pods = len(self.state.nodes), len(self.state.pods)
+        reason = "nodes and pods listed and watched" if ready else self._unavailable() or ""
+        return Readiness(ready, reason, nodes, pods, self._heard_wall, self.relists)
+
+    def close(self) -> None:
+        self.stop()
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    @property
+    def synced(self) -> bool:
+        return self._synced == {"nodes", "pods"}
+
+    def start(self) -> Informer:
+        for kind in _kinds(self.state):
+            thread = threading.Thread(
+                target=self._run, args=(kind,), name=f"informer-{kind.name}", daemon=True
+            )
+            thread.start()
+            self._threads.append(thread)
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        for response in list(self._responses.values()):
+            _close(response)
+        for thread in self._threads:
+            thread.join(timeout)
+
+    def list_once(self) -> ClusterState:
+        """List nodes and pods once, without watching."""
+        for kind in _kinds(self.state):
+            self._list(kind)
+        return self.state
+
+    def wait_synced(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while not self.synced and time.monotonic() < deadline and not self._stop.is_set():
+            time.sleep(0.02)
+        return self.synced
+
+    def _unavailable(self) -> str | None:
+        if not self.synced:
+            missing = sorted({"nodes", "pods"} - self._synced)
+            return f"the guard has not finished listing {' and '.join(missing)} from the API server"
+        age = time.monotonic() - self._heard
+        if age > self.timing.max_age:
+            return f"the guard's cluster state is {age:.0f} s old (limit {self.timing.max_age:.0f} s)"
+        return None
+
+    # -- list and watch -------------------------------------------------------------------
+
+    def _run(self, kind: _Kind) -> None:
+        resource_version = ""
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                if not resource_version:
+                    resource_version = self._list(kind)
+                    self._synced.add(kind.name)
+                resource_version = self._watch(kind, resource_version)
+                failures = 0
+            except _Relist:
+                resource_version = ""
+                self.relists += 1
+                log.info("watch %s: resourceVersion too old, relisting", kind.name)
+            except Exception as err:
+                if self._stop.is_set():
+                    break
+                if isinstance(err, ApiError) and err.status == GONE:
+                    resource_version = ""
+                    self.relists += 1
+                failures += 1
+                delay = random.uniform(
+                    0, min(self.timing.backoff_cap, self.timing.backoff_base * 2**failures)
+                )
+                log.warning("watch %s: %s; retrying in %.1f s", kind.name, err, delay)
+                self._stop.wait(delay)
+
+    def _list(self, kind: _Kind) -> str:
+        """A full paginated list, applied page by page; what it did not return is removed."""
+        seen: set[str] = set()
+        token, resource_version = "", ""
+        while True:
+            page = self.api.list_page(kind.name, self.timing.page_size, token)
+            built = [(kind.key(obj), self._build(kind, obj)) for obj in page.items]
+            with self.lock:
+                for key, value in built:
+                    seen.add(key)
+                    self._set(kind, key, value)
+            self._touch()
+            resource_version = resource_version or page.resource_version
+            token = page.continue_token
+            if not token:
+                break
+        with self.lock:
+            for key in [k for k in kind.present() if k not in seen]:
+                kind.drop(key)
+        return page.resource_version or resource_version
+
+    def _watch(self, kind: _Kind, resource_version: str) -> str:
+        """Apply events until the server ends the watch; return the last resourceVersion."""
+        timeout = int(self.timing.watch_timeout * random.uniform(1.0, 2.0))
+        response = self.api.watch(kind.name, resource_version, timeout, self.timing.read_timeout)
+        self._responses[kind.name] = response
+        try:
+            for line in watch_lines(response):
+                if self._stop.is_set():
+                    break
+                resource_version = self._apply(kind, line) or resource_version
+        except orjson.JSONDecodeError as err:
+            raise ValueError(f"unreadable watch event: {err}") from None
+        finally:
+            self._responses.pop(kind.name, None)
+            _close(response)
+        return resource_version
+
+    def _apply(self, kind: _Kind, line: bytes) -> str | None:
+        event = orjson.loads(line)
+        kind_of_event, obj = event.get("type"), event.get("object")
+        if not isinstance(obj, dict):
+            raise ValueError(f"watch event without an object: {line[:120]!r}")
+        if kind_of_event == "ERROR":
+            if obj.get("code") == GONE:
+                raise _Relist
+            raise ApiError(int(obj.get("code") or 0), str(obj.get("message") or "watch error"))
+        resource_version = (obj.get("metadata") or {}).get("resourceVersion")
+        if kind_of_event in ("ADDED", "MODIFIED"):
+            key, value = kind.key(obj), self._build(kind, obj)
+            with self.lock:
+                self._set(kind, key, value)
+        elif kind_of_event == "DELETED":
+            key = kind.key(obj)
+            with self.lock:
+                kind.drop(key)
+        elif kind_of_event != "BOOKMARK":
+            raise ValueError(f"unknown watch event type {kind_of_event!r}")
+        self.events += kind_of_event != "BOOKMARK"
+        self._touch()
+        return str(resource_version) if resource_version else None
+
+    def _build(self, kind: _Kind, obj: dict[str, Any]):
+        try:
+            return kind.build(obj)
+        except FieldError as err:
+            self.skipped += 1
+            log.warning("%s %s left out of the state: %s", kind.name, kind.key(obj), err)
+            return None
+
+    @staticmethod
+    def _set(kind: _Kind, key: str, value) -> None:
+        if value is None:
+            kind.drop(key)  # terminal pods and unreadable objects hold nothing
+        else:
+            kind.store(key, value)
+
+    def _touch(self) -> None:
+        self._heard = time.monotonic()
+        self._heard_wall = time.time()
+
+
+def live_snapshot(api: ApiServer, page_size: int = 500) -> ClusterState:
+    """One paginated list of nodes and pods, for a dry run against the live cluster."""
+    return Informer(api, Timing(page_size=page_size)).list_once()
+
+
+def _close(response) -> None:
+    try:
+        response.release_conn()
+        response.close()
+    except Exception:  # closing a stream another thread is reading may raise; it is closed either way
+        pass
