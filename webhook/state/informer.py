@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import logging
 import random
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -134,7 +135,7 @@ class Informer:
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
         for response in list(self._responses.values()):
-            _close(response)
+            _interrupt(response)
         for thread in self._threads:
             thread.join(timeout)
 
@@ -273,6 +274,15 @@ class Informer:
 def live_snapshot(api: ApiServer, page_size: int = 500) -> ClusterState:
     """One paginated list of nodes and pods, for a dry run against the live cluster."""
     return Informer(api, Timing(page_size=page_size)).list_once()
+
+
+def _interrupt(response) -> None:
+    """Wake a thread blocked reading ``response``: shut its socket down (closing the file
+    would wait for the reader's lock, i.e. for the next byte from the server)."""
+    sock = getattr(getattr(response, "connection", None), "sock", None)
+    if sock is not None:
+        with suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
 
 
 def _close(response) -> None:
