@@ -7,7 +7,10 @@ STAMP := $(VENV)/.installed
 ADDRESS ?= 127.0.0.1:8443
 EXAMPLE ?= examples/admission/incident-1-pinned-deployment.json
 
-.PHONY: run check certs test lint bench clean
+.PHONY: run check certs test lint bench clean deploy-certs deploy-render deploy-vap
+
+OVERLAY ?= self-signed
+SELF_SIGNED := deploy/overlays/self-signed
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -43,6 +46,19 @@ bench: $(STAMP)
 	$(BIN)/python bench/engine_bench.py
 	$(BIN)/python bench/http_bench.py
 	$(BIN)/python bench/informer_bench.py
+
+# TLS for the self-signed overlay; its kustomization copies ca.crt into the caBundles.
+deploy-certs: $(SELF_SIGNED)/certs/tls.crt
+
+$(SELF_SIGNED)/certs/tls.crt: | $(STAMP)
+	$(BIN)/admit-guard certs --service admit-guard --namespace admit-guard --out $(SELF_SIGNED)/certs
+
+# Print the manifests of one overlay: make deploy-render OVERLAY=cert-manager
+deploy-render: $(SELF_SIGNED)/certs/tls.crt
+	kubectl kustomize deploy/overlays/$(OVERLAY)
+
+deploy-vap: $(STAMP)
+	$(BIN)/admit-guard vap --config deploy/base/config.yaml > deploy/overlays/static-policies/policies.yaml
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

@@ -351,6 +351,7 @@ def _metrics_dir() -> None:
     """A fresh directory for the workers' metric files (stale files would skew counters)."""
     directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     if directory:
+        Path(directory).mkdir(parents=True, exist_ok=True)
         for stale in Path(directory).glob("*.db"):
             stale.unlink()
     else:
@@ -358,3 +359,17 @@ def _metrics_dir() -> None:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = created
         # Workers inherit atexit hooks; only the process that made the directory removes it.
         atexit.register(lambda: os.getpid() == owner and shutil.rmtree(created, ignore_errors=True))
+
+
+@main.command()
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Policy config file.")
+def vap(config_path) -> None:
+    """Print the state-free policies as ValidatingAdmissionPolicy + binding (YAML).
+
+    They hold inside the API server even while the guard is down.
+    """
+    import yaml
+
+    from .vap import render
+
+    click.echo(yaml.safe_dump_all(render(_load_config(config_path)), sort_keys=False), nl=False)

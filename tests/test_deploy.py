@@ -1,0 +1,197 @@
+"""deploy/: every overlay renders, validates against the Kubernetes schemas of two minor
+versions, and keeps the properties that stop the guard from locking a cluster out."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import celpy
+import kubernetes_validate
+import pytest
+import yaml
+
+from webhook.config import Config, config_from_dict, load_config
+from webhook.engine import evaluate
+from webhook.kube.workloads import pod_shape
+from webhook.policytest import load_test_file
+from webhook.vap import render
+
+ROOT = Path(__file__).resolve().parent.parent
+DEPLOY = ROOT / "deploy"
+OVERLAYS = ("self-signed", "cert-manager", "static-policies")
+KUBERNETES_VERSIONS = ("1.33.0", "1.35.0")
+CRDS = {"cert-manager.io/v1"}  # not in the core schemas
+
+pytestmark = pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl renders kustomize")
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory) -> dict[str, list[dict]]:
+    """Each overlay rendered from a copy of deploy/ with freshly issued certificates."""
+    from webhook.certs import issue
+
+    copy = tmp_path_factory.mktemp("deploy") / "deploy"
+    shutil.copytree(DEPLOY, copy, ignore=shutil.ignore_patterns("certs"))
+    issue("admit-guard", "admit-guard", copy / "overlays" / "self-signed" / "certs")
+    out = {}
+    for overlay in OVERLAYS:
+        text = subprocess.run(
+            ["kubectl", "kustomize", str(copy / "overlays" / overlay)],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+        out[overlay] = [doc for doc in yaml.safe_load_all(text) if doc]
+    return out
+
+
+def objects(docs: list[dict], kind: str) -> list[dict]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_object_validates_against_the_kubernetes_schemas(rendered, overlay, version):
+    for doc in rendered[overlay]:
+        if doc["apiVersion"] in CRDS:
+            continue
+        kubernetes_validate.validate(doc, version, strict=True)
+
+
+def test_webhooks_exclude_system_namespaces_and_honour_the_opt_out_label(rendered):
+    for overlay, docs in rendered.items():
+        for config in objects(docs, "ValidatingWebhookConfiguration") + objects(
+            docs, "MutatingWebhookConfiguration"
+        ):
+            for hook in config["webhooks"]:
+                [expr] = hook["namespaceSelector"]["matchExpressions"]
+                assert expr["operator"] == "NotIn" and {"kube-system", "admit-guard"} <= set(expr["values"])
+                assert {"key": "admit-guard.io/skip", "operator": "DoesNotExist"} in hook["objectSelector"][
+                    "matchExpressions"
+                ]
+                assert hook["sideEffects"] == "NoneOnDryRun"
+                assert hook["admissionReviewVersions"] == ["v1"]
+                assert hook["timeoutSeconds"] <= 5
+                assert hook["clientConfig"]["service"]["namespace"] == "admit-guard", overlay
+
+
+def test_only_narrow_webhooks_fail_closed(rendered):
+    docs = rendered["self-signed"]
+    hooks = [h for c in objects(docs, "ValidatingWebhookConfiguration") for h in c["webhooks"]]
+    hooks += [h for c in objects(docs, "MutatingWebhookConfiguration") for h in c["webhooks"]]
+    closed = [h for h in hooks if h["failurePolicy"] == "Fail"]
+    assert [h["name"] for h in closed] == ["pinned-templates.admit-guard.io"]
+    assert closed[0]["matchConditions"]
+    assert all("pods" not in r["resources"] for r in closed[0]["rules"])
+    pods = next(h for h in hooks if h["name"] == "pods.admit-guard.io")
+    assert pods["failurePolicy"] == "Ignore"
+
+
+def test_ca_bundles_are_filled_in_or_injected(rendered):
+    for hook_config in objects(rendered["self-signed"], "ValidatingWebhookConfiguration"):
+        assert all(h["clientConfig"]["caBundle"] for h in hook_config["webhooks"])
+    for kind in ("ValidatingWebhookConfiguration", "MutatingWebhookConfiguration"):
+        [hook_config] = objects(rendered["cert-manager"], kind)
+        assert hook_config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == (
+            "admit-guard/admit-guard-serving"
+        )
+    [certificate] = objects(rendered["cert-manager"], "Certificate")
+    assert "admit-guard.admit-guard.svc" in certificate["spec"]["dnsNames"]
+
+
+def test_rbac_is_get_list_watch_on_nodes_and_pods_only(rendered):
+    [role] = objects(rendered["self-signed"], "ClusterRole")
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": ["get", "list", "watch"]}
+    ]
+    assert not objects(rendered["self-signed"], "Role")
+
+
+def test_deployment_is_redundant_locked_down_and_probed(rendered):
+    docs = rendered["self-signed"]
+    [deployment] = objects(docs, "Deployment")
+    spec = deployment["spec"]["template"]["spec"]
+    [container] = spec["containers"]
+    assert deployment["spec"]["replicas"] >= 2
+    assert spec["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert objects(docs, "PodDisruptionBudget")[0]["spec"]["minAvailable"] == 1
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["resources"]["requests"] and container["resources"]["limits"]
+    assert spec["priorityClassName"]
+
+
+def test_static_policies_overlay_holds_the_rendered_vap(rendered):
+    committed = list(
+        yaml.safe_load_all((DEPLOY / "overlays" / "static-policies" / "policies.yaml").read_text())
+    )
+    assert committed == render(load_config(DEPLOY / "base" / "config.yaml"))
+    kinds = {d["kind"] for d in rendered["static-policies"]}
+    assert {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} <= kinds
+
+
+def test_vap_actions_follow_the_mode():
+    for mode, actions in {"enforce": ["Deny"], "warn": ["Warn"], "audit": ["Audit"], "fix": ["Deny"]}.items():
+        binding = render(config_from_dict({"policies": {"pinnedNodeName": {"mode": mode}}}))[1]
+        assert binding["spec"]["validationActions"] == actions
+    assert render(config_from_dict({"policies": {"pinnedNodeName": {"mode": "off"}}})) == []
+
+
+def cel_allows(policy: dict, obj: dict, old: dict | None, operation: str) -> bool:
+    """Evaluate a rendered policy the way the API server does: variables, then validations."""
+    spec = policy["spec"]
+    env = celpy.Environment()
+    activation = {
+        "object": celpy.json_to_cel(obj),
+        "oldObject": celpy.json_to_cel(old),
+        "request": celpy.json_to_cel({"operation": operation}),
+    }
+    variables: dict = {}
+    for variable in spec["variables"]:
+        program = env.program(env.compile(variable["expression"]))
+        variables[variable["name"]] = program.evaluate({**activation, "variables": celpy.json_to_cel({})})
+    activation["variables"] = celpy.celtypes.MapType(
+        {celpy.celtypes.StringType(k): v for k, v in variables.items()}
+    )
+    return all(env.program(env.compile(v["expression"])).evaluate(activation) for v in spec["validations"])
+
+
+def vap_flags(config: Config, obj: dict, old: dict | None, operation: str) -> bool:
+    """Whether the rendered policy and binding would act on (deny, warn, audit) this request."""
+    rendered = render(config)
+    if not rendered:
+        return False
+    policy, binding = rendered
+    namespace = obj.get("metadata", {}).get("namespace") or "default"
+    [excluded] = binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"]
+    if namespace in excluded["values"]:
+        return False
+    return not cel_allows(policy, obj, old, operation)
+
+
+def _policy_cases():
+    for path in sorted((ROOT / "tests" / "policy").glob("*.test.yaml")):
+        test_file = load_test_file(path)
+        for case in test_file.cases:
+            shape = pod_shape(case.obj)
+            # Exemptions by user or group live only in the guard's config, not in the VAP.
+            if shape is not None and shape.is_template and not case.config.exemptions:
+                yield pytest.param(case, id=f"{path.stem}:{case.name}")
+
+
+@pytest.mark.parametrize("case", list(_policy_cases()))
+def test_cel_policy_gives_the_engine_verdict_on_the_project_policy_cases(case):
+    decision = evaluate(case.obj, case.operation, None, case.config, old_object=case.old_object)
+    findings = [*decision.violations, *decision.audited, *decision.fixed]
+    engine_flags = any(v.reason == "PinnedNodeName" for v in findings) or any(
+        w.startswith("[pinnedNodeName]") for w in decision.warnings
+    )
+    assert vap_flags(case.config, case.obj, case.old_object, case.operation) is engine_flags
