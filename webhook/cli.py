@@ -373,3 +373,64 @@ def vap(config_path) -> None:
     from .vap import render
 
     click.echo(yaml.safe_dump_all(render(_load_config(config_path)), sort_keys=False), nl=False)
+
+
+@main.command()
+@click.option(
+    "--cluster",
+    "cluster",
+    multiple=True,
+    help="Cluster snapshot: 'kubectl get nodes,pods,deployments,replicasets,statefulsets,daemonsets,"
+    "jobs,cronjobs,replicationcontrollers -A -o yaml' output (repeatable).",
+)
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Policy config file.")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Choice(["text", "json", "yaml", "policyreport"]),
+    default="text",
+    show_default=True,
+    help="policyreport: wgpolicyk8s.io/v1alpha2 PolicyReports per namespace and a ClusterPolicyReport.",
+)
+@live_cluster_options
+def audit(cluster, config_path, output, kubeconfig, context) -> None:
+    """Report what in the cluster already breaks the guard's rules, worst first.
+
+    Pinned workloads (with the kubelet's verdict on their node), admission storms and their
+    Failed pods, nodes where schedulers share a device, overcommitted nodes.
+    Exit status: 0 clean, 1 findings, 2 usage or input error.
+    """
+    import time
+
+    import yaml
+
+    from . import audit as auditing
+    from .state.apiserver import ApiError
+    from .state.inventory import Progress, live_inventory, read_inventory
+
+    config = _load_config(config_path)
+    live = _wants_live(cluster, kubeconfig, context)
+    if not live and not cluster:
+        raise InputError("no cluster to audit: give --cluster SNAPSHOT... or --kubeconfig/--context")
+    try:
+        if live:
+            inventory = live_inventory(_api_server(kubeconfig, context), progress=Progress())
+        else:
+            inventory = read_inventory(cluster)
+    except SnapshotError as err:
+        raise InputError("cluster objects:\n  " + "\n  ".join(err.problems)) from None
+    except ApiError as err:
+        raise InputError(f"cannot list the cluster's objects: {err}") from None
+    now = time.time()
+    report = auditing.run_audit(inventory, config, now)
+    if output == "json":
+        click.echo(orjson.dumps(report.as_json(), option=orjson.OPT_INDENT_2).decode())
+    elif output == "yaml":
+        click.echo(yaml.safe_dump(report.as_json(), sort_keys=False), nl=False)
+    elif output == "policyreport":
+        click.echo(yaml.safe_dump_all(auditing.policy_reports(report, now), sort_keys=False), nl=False)
+    else:
+        click.echo(auditing.render_text(report), nl=False)
+        counts = ", ".join(f"{n} {t}" for t, n in report.summary["byType"].items() if n)
+        click.echo(f"{len(report.findings)} findings{': ' + counts if counts else ''}", err=True)
+    sys.exit(EXIT_DENIED if report.findings else 0)

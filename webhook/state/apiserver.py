@@ -16,7 +16,18 @@ from typing import Any
 import orjson
 import urllib3
 
-RESOURCES = {"nodes": "/api/v1/nodes", "pods": "/api/v1/pods"}
+RESOURCES = {
+    "nodes": "/api/v1/nodes",
+    "pods": "/api/v1/pods",
+    # Listed once by ``admit-guard audit``; the webhook's informer never reads them.
+    "deployments": "/apis/apps/v1/deployments",
+    "replicasets": "/apis/apps/v1/replicasets",
+    "statefulsets": "/apis/apps/v1/statefulsets",
+    "daemonsets": "/apis/apps/v1/daemonsets",
+    "jobs": "/apis/batch/v1/jobs",
+    "cronjobs": "/apis/batch/v1/cronjobs",
+    "replicationcontrollers": "/api/v1/replicationcontrollers",
+}
 
 
 class ApiError(Exception):

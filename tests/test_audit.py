@@ -1,0 +1,494 @@
+"""``admit-guard audit``: the four finding types, grouping storms by their top controller,
+the JSON contract, exit codes, PolicyReports valid against the wg-policy CRD, live reads."""
+
+from __future__ import annotations
+
+import io
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from tests.builders import deployment, node, pod
+from webhook import audit
+from webhook.cli import main
+from webhook.config import Config, config_from_dict
+from webhook.state.apiserver import Page
+from webhook.state.inventory import InventoryBuilder, Progress, live_inventory
+
+ROOT = Path(__file__).resolve().parent.parent
+CRD = ROOT / "tests" / "schemas" / "wgpolicyk8s.io_clusterpolicyreports.v1alpha2.yaml"
+NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC).timestamp()
+
+
+def at(seconds_before_now: float) -> str:
+    return datetime.fromtimestamp(NOW - seconds_before_now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def ref(kind, name, uid, api_version="apps/v1"):
+    return {"apiVersion": api_version, "kind": kind, "name": name, "uid": uid, "controller": True}
+
+
+def owned(obj, *owner):
+    obj["metadata"]["ownerReferences"] = [ref(*owner)]
+    return obj
+
+
+def with_uid(obj, uid):
+    obj["metadata"]["uid"] = uid
+    return obj
+
+
+def replica_set(name, uid, deployment_name, deployment_uid, spec=None, namespace="default"):
+    rs = deployment(spec or {"containers": [{"name": "app", "image": "img"}]}, name, namespace)
+    rs["kind"] = "ReplicaSet"
+    return owned(with_uid(rs, uid), "Deployment", deployment_name, deployment_uid)
+
+
+def rejected(name, owner, *, reason="OutOfcpu", node_name="edge-1", created=None, labels=None, ns="default"):
+    p = pod(name, node_name=node_name, namespace=ns)
+    p["status"] = {
+        "phase": "Failed",
+        "reason": reason,
+        "message": f"Pod was rejected: Node didn't have enough resource: {reason}",
+    }
+    p["metadata"]["creationTimestamp"] = created or at(60)
+    p["metadata"]["labels"] = labels if labels is not None else {"app": "web", "pod-template-hash": "abc"}
+    return owned(p, *owner) if owner else p
+
+
+def inventory(*objects):
+    builder = InventoryBuilder()
+    for obj in objects:
+        builder.add(obj)
+    return builder.inventory
+
+
+def findings(*objects, config: Config | None = None, now: float = NOW):
+    return audit.run_audit(inventory(*objects), config or Config(), now).findings
+
+
+def of_type(items, finding_type):
+    return [f for f in items if f.type == finding_type]
+
+
+def storm(count, *, created=None, reason="OutOfcpu"):
+    """A Deployment, its ReplicaSet, and ``count`` pods of it the kubelet rejected."""
+    return [
+        with_uid(deployment({"containers": [{"name": "app", "image": "img"}]}, "web"), "dep-1"),
+        replica_set("web-abc", "rs-1", "web", "dep-1"),
+        *(
+            rejected(f"web-abc-{i}", ("ReplicaSet", "web-abc", "rs-1"), created=created, reason=reason)
+            for i in range(count)
+        ),
+    ]
+
+
+# -- AdmissionStorm -----------------------------------------------------------------------
+
+
+def test_rejected_pods_are_grouped_under_the_deployment_that_owns_their_replica_set():
+    [finding] = of_type(findings(*storm(25)), audit.STORM)
+    assert (finding.kind, finding.namespace, finding.name, finding.count) == (
+        "Deployment",
+        "default",
+        "web",
+        25,
+    )
+    assert "reasons OutOfcpu 25" in finding.message
+    assert "nodes edge-1 25" in finding.message
+    assert finding.node == "edge-1"
+
+
+def test_the_storm_message_gives_the_exact_cleanup_command_from_the_labels_all_pods_share():
+    [finding] = of_type(findings(*storm(25)), audit.STORM)
+    assert finding.message.endswith(
+        "Clean up: kubectl delete pods -n default --field-selector=status.phase=Failed "
+        "-l app=web,pod-template-hash=abc"
+    )
+
+
+def test_pods_without_shared_labels_are_cleaned_up_by_name():
+    group = audit.StormGroup(
+        "default",
+        None,
+        [
+            audit.RejectedPod("default", f"p{i}", None, "OutOfpods", "n", "", (("i", str(i)),))
+            for i in range(2)
+        ],
+    )
+    assert audit.cleanup_command(group) == "kubectl delete pods -n default p0 p1"
+
+
+def test_below_the_storm_threshold_is_not_a_storm():
+    assert of_type(findings(*storm(19)), audit.STORM) == []
+    assert len(of_type(findings(*storm(20)), audit.STORM)) == 1
+
+
+def test_the_storm_threshold_follows_the_config_when_it_has_a_storm_breaker():
+    class Breaker:
+        threshold = 5
+        mode = "enforce"
+
+    config = Config()
+    settings = audit.storm_settings(type("WithBreaker", (), {"storm_breaker": Breaker()})())
+    assert settings.threshold == 5
+    assert audit.storm_settings(config).threshold == 20
+
+
+def test_container_failures_are_not_counted_as_a_storm():
+    objects = storm(0)
+    for i in range(30):
+        p = owned(pod(f"crash-{i}", node_name="edge-1"), "ReplicaSet", "web-abc", "rs-1")
+        p["status"] = {"phase": "Failed", "reason": "Error", "message": "container exited 1"}
+        objects.append(p)
+    assert of_type(findings(*objects), audit.STORM) == []
+
+
+def test_a_recent_storm_is_high_and_an_old_one_is_medium_damage():
+    [running] = of_type(findings(*storm(25, created=at(30))), audit.STORM)
+    [over] = of_type(findings(*storm(25, created=at(86_400))), audit.STORM)
+    assert running.severity == "high" and "still running" in running.message
+    assert over.severity == "medium" and "storm is over" in over.message
+
+
+def test_the_storm_message_gives_first_and_last_time_and_the_rate():
+    objects = storm(0) + [
+        rejected(f"web-abc-{i}", ("ReplicaSet", "web-abc", "rs-1"), created=at(600 - i * 6))
+        for i in range(25)
+    ]
+    [finding] = of_type(findings(*objects), audit.STORM)
+    assert f"first {at(600)}, last {at(600 - 24 * 6)}" in finding.message
+    assert "(10.4 pods/min)" in finding.message  # 25 pods over 144 s
+
+
+def test_job_pods_are_grouped_under_their_cron_job():
+    cron = {
+        "apiVersion": "batch/v1",
+        "kind": "CronJob",
+        "metadata": {"name": "nightly", "namespace": "batch", "uid": "cron-1"},
+        "spec": {"jobTemplate": {"spec": {"template": {"spec": {"containers": [{"name": "c"}]}}}}},
+    }
+    jobs = [
+        owned(
+            {
+                "apiVersion": "batch/v1",
+                "kind": "Job",
+                "metadata": {"name": f"nightly-{j}", "namespace": "batch", "uid": f"job-{j}"},
+                "spec": {"template": {"spec": {"containers": [{"name": "c"}]}}},
+            },
+            "CronJob",
+            "nightly",
+            "cron-1",
+            "batch/v1",
+        )
+        for j in range(3)
+    ]
+    pods = [
+        rejected(f"nightly-{j}-{i}", ("Job", f"nightly-{j}", f"job-{j}", "batch/v1"), ns="batch")
+        for j in range(3)
+        for i in range(10)
+    ]
+    [finding] = of_type(findings(cron, *jobs, *pods), audit.STORM)
+    assert (finding.kind, finding.name, finding.count) == ("CronJob", "nightly", 30)
+
+
+def test_without_the_replica_set_in_the_snapshot_the_direct_owner_is_reported():
+    objects = [rejected(f"web-abc-{i}", ("ReplicaSet", "web-abc", "rs-1")) for i in range(20)]
+    [finding] = of_type(findings(*objects), audit.STORM)
+    assert (finding.kind, finding.name) == ("ReplicaSet", "web-abc")
+
+
+# -- PinnedNodeName -----------------------------------------------------------------------
+
+
+def pinned_deployment(node_name="edge-1", cpu="1"):
+    spec = {
+        "nodeName": node_name,
+        "containers": [{"name": "app", "image": "img", "resources": {"requests": {"cpu": cpu}}}],
+    }
+    return with_uid(deployment(spec, "sensor"), "dep-s"), replica_set(
+        "sensor-1", "rs-s", "sensor", "dep-s", spec
+    )
+
+
+def test_a_pinned_deployment_is_reported_once_with_the_kubelet_verdict_on_its_node():
+    dep, rs = pinned_deployment(cpu="3")
+    full = pod("busy", node_name="edge-1", requests={"cpu": "2"})
+    [finding] = of_type(findings(node("edge-1", cpu="4"), full, dep, rs), audit.PINNED)
+    assert (finding.kind, finding.name, finding.node, finding.count) == ("Deployment", "sensor", "edge-1", 2)
+    assert finding.severity == "high"
+    assert "Node edge-1 would reject it: OutOfcpu" in finding.message
+
+
+def test_a_pinned_workload_whose_node_has_room_is_medium():
+    dep, rs = pinned_deployment(cpu="1")
+    [finding] = of_type(findings(node("edge-1", cpu="4"), dep, rs), audit.PINNED)
+    assert finding.severity == "medium"
+    assert "would admit one pod now" in finding.message
+
+
+def test_a_pinned_workload_on_a_node_that_does_not_exist_is_high():
+    dep, _ = pinned_deployment("gone")
+    [finding] = of_type(findings(dep), audit.PINNED)
+    assert finding.severity == "high" and "not in the cluster state" in finding.message
+
+
+def test_excluded_namespaces_and_policies_turned_off_are_not_audited():
+    dep, _ = pinned_deployment()
+    dep["metadata"]["namespace"] = "kube-system"
+    assert of_type(findings(dep), audit.PINNED) == []
+    off = config_from_dict({"policies": {"pinnedNodeName": {"mode": "off"}}})
+    assert of_type(findings(*pinned_deployment(), config=off), audit.PINNED) == []
+
+
+# -- node findings ------------------------------------------------------------------------
+
+GPU = {"nvidia.com/gpu": "4"}
+
+
+def gpu_pod(name, scheduler=None, count="1", **kw):
+    return pod(name, node_name="gpu-1", requests={"nvidia.com/gpu": count}, scheduler=scheduler, **kw)
+
+
+def test_two_schedulers_holding_one_device_on_a_node_are_reported_on_the_node():
+    objects = [node("gpu-1", extra=GPU), gpu_pod("a"), gpu_pod("b", "volcano"), gpu_pod("c", "volcano")]
+    [finding] = of_type(findings(*objects), audit.MIXED)
+    assert (finding.kind, finding.name, finding.node, finding.resource, finding.count) == (
+        "Node",
+        "gpu-1",
+        "gpu-1",
+        "nvidia.com/gpu",
+        3,
+    )
+    assert "volcano (2 pods), default-scheduler (1 pod)" in finding.message
+    assert finding.severity == "medium"  # 3 of 4 in use: not yet the last one
+
+
+def test_one_scheduler_per_device_is_clean():
+    objects = [node("gpu-1", extra=GPU), gpu_pod("a", "volcano"), gpu_pod("b", "volcano")]
+    assert of_type(findings(*objects), audit.MIXED) == []
+
+
+def test_pods_whose_controller_pins_nodename_count_as_a_holder_of_their_own():
+    spec = {
+        "nodeName": "gpu-1",
+        "containers": [{"name": "c", "resources": {"requests": {"nvidia.com/gpu": "1"}}}],
+    }
+    dep = with_uid(deployment(spec, "pinned-gpu"), "dep-g")
+    rs = replica_set("pinned-gpu-1", "rs-g", "pinned-gpu", "dep-g", spec)
+    bypass = owned(gpu_pod("pinned-gpu-1-x"), "ReplicaSet", "pinned-gpu-1", "rs-g")
+    objects = [node("gpu-1", extra=GPU), dep, rs, bypass, gpu_pod("scheduled", count="3")]
+    [finding] = of_type(findings(*objects), audit.MIXED)
+    assert "pods that set spec.nodeName themselves (1 pod)" in finding.message
+    assert finding.severity == "high"  # all four GPUs are allocated
+
+
+def test_a_node_whose_pods_request_more_than_allocatable_is_overcommitted():
+    objects = [node("gpu-1", extra={"nvidia.com/gpu": "2"}), gpu_pod("a", count="2"), gpu_pod("b")]
+    [finding] = of_type(findings(*objects), audit.OVERCOMMITTED)
+    assert (finding.name, finding.resource, finding.count, finding.severity) == (
+        "gpu-1",
+        "nvidia.com/gpu",
+        2,
+        "high",
+    )
+    assert "request 3 nvidia.com/gpu, but only 2 is allocatable" in finding.message
+
+
+def test_more_pods_than_the_node_allows_is_overcommitted_pods():
+    objects = [node("n", pods="2"), *(pod(f"p{i}", node_name="n") for i in range(3))]
+    [finding] = of_type(findings(*objects), audit.OVERCOMMITTED)
+    assert (finding.resource, finding.count) == ("pods", 3)
+
+
+def test_a_node_that_fits_its_pods_is_clean():
+    assert findings(node("n", cpu="4"), pod("p", node_name="n", requests={"cpu": "4"})) == []
+
+
+# -- order, contract, exit codes ----------------------------------------------------------
+
+
+def test_findings_come_worst_first():
+    objects = [
+        *storm(25, created=at(86_400)),  # medium, 25
+        node("gpu-1", extra={"nvidia.com/gpu": "1"}),
+        gpu_pod("a", count="2"),  # Overcommitted, high
+    ]
+    assert [(f.type, f.severity) for f in findings(*objects)] == [
+        (audit.OVERCOMMITTED, "high"),
+        (audit.STORM, "medium"),
+    ]
+
+
+def write_snapshot(tmp_path, *objects) -> str:
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": list(objects)}))
+    return str(path)
+
+
+def run_audit(*args):
+    return CliRunner().invoke(main, ["audit", *args])
+
+
+def test_json_output_follows_the_contract_and_findings_exit_1(tmp_path):
+    result = run_audit("--cluster", write_snapshot(tmp_path, *storm(25)), "-o", "json")
+    assert result.exit_code == 1, result.output
+    body = json.loads(result.stdout)
+    assert set(body) == {"findings", "summary"}
+    [entry] = body["findings"]
+    assert set(entry) == {
+        "type",
+        "severity",
+        "namespace",
+        "kind",
+        "name",
+        "node",
+        "resource",
+        "count",
+        "message",
+    }
+    assert body["summary"]["byType"][audit.STORM] == 1
+    assert body["summary"]["scanned"]["rejectedPods"] == 25
+
+
+def test_a_clean_cluster_exits_0(tmp_path):
+    result = run_audit("--cluster", write_snapshot(tmp_path, node("n"), pod("p", node_name="n")))
+    assert result.exit_code == 0, result.output
+    assert "no findings" in result.stdout
+
+
+def test_unusable_input_exits_2_and_names_file_and_field(tmp_path):
+    bad = pod("p", node_name="n")
+    bad["spec"]["priority"] = "high"
+    path = write_snapshot(tmp_path, bad)
+    result = run_audit("--cluster", path)
+    assert result.exit_code == 2
+    assert f"{path}: document 1, item 1: Pod: field spec.priority" in result.output
+    assert run_audit().exit_code == 2  # no cluster at all
+
+
+def test_text_output_has_one_table_per_type(tmp_path):
+    objects = [*storm(25), node("gpu-1", extra={"nvidia.com/gpu": "1"}), gpu_pod("a", count="2")]
+    result = run_audit("--cluster", write_snapshot(tmp_path, *objects))
+    lines = result.stdout.splitlines()
+    assert "AdmissionStorm (1)" in lines and "Overcommitted (1)" in lines
+    header = lines[lines.index("AdmissionStorm (1)") + 1]
+    assert header.split() == ["SEVERITY", "NAMESPACE", "KIND", "NAME", "NODE", "RESOURCE", "COUNT"]
+
+
+def test_the_bundled_example_cluster_shows_its_mixed_scheduler_gpu_node():
+    result = run_audit("--cluster", str(ROOT / "examples" / "cluster"), "-o", "json")
+    assert result.exit_code == 1
+    assert [(f["type"], f["name"]) for f in json.loads(result.stdout)["findings"]] == [(audit.MIXED, "gpu-2")]
+
+
+# -- PolicyReports ------------------------------------------------------------------------
+
+
+def crd_schema():
+    documents = [d for d in yaml.safe_load_all(CRD.read_text()) if d]
+    [version] = documents[0]["spec"]["versions"]
+    assert version["name"] == "v1alpha2"
+    return version["schema"]["openAPIV3Schema"]
+
+
+def policy_reports(tmp_path):
+    objects = [*storm(25), *pinned_deployment(), node("edge-1"), node("gpu-1", extra={"nvidia.com/gpu": "1"})]
+    objects.append(gpu_pod("a", count="2"))
+    result = run_audit("--cluster", write_snapshot(tmp_path, *objects), "-o", "policyreport")
+    assert result.exit_code == 1, result.output
+    return list(yaml.safe_load_all(result.stdout))
+
+
+def test_policy_reports_are_one_per_namespace_plus_a_cluster_report_for_nodes(tmp_path):
+    reports = policy_reports(tmp_path)
+    assert [(r["kind"], r["metadata"].get("namespace")) for r in reports] == [
+        ("ClusterPolicyReport", None),
+        ("PolicyReport", "default"),
+    ]
+    cluster, default = reports
+    assert {r["rule"] for r in default["results"]} == {audit.STORM, audit.PINNED}
+    assert [r["resources"][0]["kind"] for r in cluster["results"]] == ["Node"]
+    assert all(r["source"] == "admit-guard" for report in reports for r in report["results"])
+    assert default["summary"]["fail"] + default["summary"]["warn"] == 2
+
+
+def test_policy_reports_are_valid_against_the_wg_policy_crd_schema(tmp_path):
+    # PolicyReport and ClusterPolicyReport share one Go type; the CRDs differ only in scope.
+    schema = crd_schema()
+    for report in policy_reports(tmp_path):
+        jsonschema.validate(report, schema)
+
+
+def test_the_crd_schema_rejects_what_it_does_not_know(tmp_path):
+    report = policy_reports(tmp_path)[0]
+    report["results"][0]["severity"] = "critical"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(report, crd_schema())
+
+
+# -- live reads ---------------------------------------------------------------------------
+
+
+class PagedApi:
+    """Serves each resource in pages of ``limit``; list items carry no kind, like the API."""
+
+    def __init__(self, objects: dict[str, list[dict]]) -> None:
+        self.objects = objects
+        self.requests: list[tuple[str, str]] = []
+
+    def list_page(self, resource, limit, token=""):
+        self.requests.append((resource, token))
+        items = self.objects.get(resource, [])
+        start = int(token or 0)
+        end = start + limit
+        return Page(items[start:end], "1", str(end) if end < len(items) else "")
+
+
+def bare(obj):
+    return {k: v for k, v in obj.items() if k not in ("kind", "apiVersion")}
+
+
+def test_a_live_read_pages_through_every_kind_and_stamps_their_kinds():
+    objects = storm(25)
+    api = PagedApi(
+        {
+            "deployments": [bare(objects[0])],
+            "replicasets": [bare(objects[1])],
+            "pods": [bare(p) for p in objects[2:]],
+        }
+    )
+    inv = live_inventory(api, page_size=10)
+    assert [t for t, token in api.requests if t == "pods"] == ["pods"] * 3
+    assert {r for r, _ in api.requests} >= {
+        "nodes",
+        "pods",
+        "deployments",
+        "cronjobs",
+        "replicationcontrollers",
+    }
+    [finding] = of_type(audit.run_audit(inv, Config(), NOW).findings, audit.STORM)
+    assert (finding.kind, finding.name) == ("Deployment", "web")
+
+
+class Tty(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_the_progress_line_appears_only_on_a_tty_after_a_second():
+    clock = iter([0.0, 0.5, 1.5]).__next__
+    stream = Tty()
+    progress = Progress(stream, clock=clock)
+    progress.update("pods", 500)
+    assert stream.getvalue() == ""
+    progress.update("pods", 1000)
+    assert "reading pods: 1,000 objects" in stream.getvalue()
+    quiet = io.StringIO()
+    Progress(quiet, delay=0).update("pods", 1)
+    assert quiet.getvalue() == ""

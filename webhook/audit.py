@@ -1,0 +1,544 @@
+"""The audit: what in a cluster already breaks the guard's rules, and where storms left damage.
+
+Pure: an ``Inventory`` (or a bare ``ClusterState``), the config and the current time come in,
+findings come out. The checks are the engine's own (``pinnedNodeName``'s message and the
+kubelet's admission for the node), so an audit finding and a denial say the same thing.
+
+Four finding types, each one small function:
+
+- ``PinnedNodeName``: a top-level workload whose template pins ``nodeName``, with the kubelet's
+  verdict on that node for one more pod;
+- ``AdmissionStorm``: Failed pods the kubelet rejected at admission, grouped by their
+  controller resolved to the top (Pod → ReplicaSet → Deployment, Pod → Job → CronJob);
+  groups below the storm breaker's threshold are not storms;
+- ``MixedDeviceScheduler``: nodes where one device resource is held by pods of more than one
+  scheduler, or by scheduled pods and pods whose controller set nodeName itself;
+- ``Overcommitted``: nodes whose active pods request more of a resource than is allocatable.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from .checks import kubelet_admission
+from .config import Config
+from .kube.quantity import format_amount
+from .kube.rejection import Owner
+from .kube.resources import is_extended_resource
+from .policies import Review, pinned_node_name
+from .state.inventory import Inventory, RejectedPod, Workload
+from .state.model import ClusterState
+
+PINNED = "PinnedNodeName"
+STORM = "AdmissionStorm"
+MIXED = "MixedDeviceScheduler"
+OVERCOMMITTED = "Overcommitted"
+TYPES = (STORM, PINNED, MIXED, OVERCOMMITTED)
+# The policy each type belongs to: a policy in mode ``off`` is not audited either.
+POLICY_OF = {
+    PINNED: "pinnedNodeName",
+    STORM: "stormBreaker",
+    MIXED: "deviceScheduler",
+    OVERCOMMITTED: "nodeAdmission",
+}
+# The PolicyReport CRD's severities (wgpolicyk8s.io/v1alpha2 knows only these three).
+SEVERITIES = ("high", "medium", "low")
+DEFAULT_STORM_THRESHOLD = 20
+DEFAULT_STORM_WINDOW = 300.0
+BYPASS = "spec.nodeName"  # the holder name of pods whose controller pinned the node
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    type: str
+    severity: str
+    namespace: str
+    kind: str
+    name: str
+    message: str
+    node: str = ""
+    resource: str = ""
+    count: int = 0
+    api_version: str = ""
+    uid: str = ""
+
+    def as_json(self) -> dict[str, Any]:
+        """The contract's keys, exactly."""
+        return {
+            "type": self.type,
+            "severity": self.severity,
+            "namespace": self.namespace,
+            "kind": self.kind,
+            "name": self.name,
+            "node": self.node,
+            "resource": self.resource,
+            "count": self.count,
+            "message": self.message,
+        }
+
+
+@dataclass(slots=True)
+class Report:
+    findings: list[Finding]
+    scanned: dict[str, int] = field(default_factory=dict)
+    storm_threshold: int = DEFAULT_STORM_THRESHOLD
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        return {
+            "findings": len(self.findings),
+            "byType": {t: sum(f.type == t for f in self.findings) for t in TYPES},
+            "bySeverity": {s: sum(f.severity == s for f in self.findings) for s in SEVERITIES},
+            "scanned": self.scanned,
+            "stormThreshold": self.storm_threshold,
+        }
+
+    def as_json(self) -> dict[str, Any]:
+        return {"findings": [f.as_json() for f in self.findings], "summary": self.summary}
+
+
+@dataclass(frozen=True, slots=True)
+class StormSettings:
+    mode: str = "enforce"
+    threshold: int = DEFAULT_STORM_THRESHOLD
+    window_seconds: float = DEFAULT_STORM_WINDOW
+
+
+def storm_settings(config: Config) -> StormSettings:
+    """``policies.stormBreaker`` when the config has it, else the breaker's defaults."""
+    breaker = getattr(config, "storm_breaker", None)
+    return StormSettings(
+        mode=getattr(breaker, "mode", "enforce"),
+        threshold=getattr(breaker, "threshold", DEFAULT_STORM_THRESHOLD),
+        window_seconds=float(getattr(breaker, "window_seconds", DEFAULT_STORM_WINDOW)),
+    )
+
+
+def audited(config: Config, finding_type: str) -> bool:
+    policy = POLICY_OF[finding_type]
+    mode = storm_settings(config).mode if policy == "stormBreaker" else config.mode(policy)
+    return mode != "off"
+
+
+def run_audit(inventory: Inventory, config: Config, now: float) -> Report:
+    """Every finding in the inventory, worst first."""
+    state = inventory.state
+    settings = storm_settings(config)
+    findings: list[Finding] = []
+    if audited(config, PINNED):
+        findings += pinned_findings(inventory, config)
+    if audited(config, STORM):
+        findings += storm_findings(storm_groups(inventory), settings, now, config)
+    findings += node_findings(state, config, state.nodes, pinned_pods(inventory))
+    scanned = {
+        "nodes": len(state.nodes),
+        "pods": len(state.pods) + len(inventory.rejected),
+        "workloads": len(inventory.workloads),
+        "rejectedPods": len(inventory.rejected),
+    }
+    return Report(worst_first(findings), scanned, settings.threshold)
+
+
+def worst_first(findings: Iterable[Finding]) -> list[Finding]:
+    return sorted(
+        findings,
+        key=lambda f: (
+            SEVERITIES.index(f.severity),
+            -f.count,
+            TYPES.index(f.type),
+            f.namespace,
+            f.name,
+            f.resource,
+        ),
+    )
+
+
+# -- PinnedNodeName -------------------------------------------------------------------------
+
+
+def pinned_findings(inventory: Inventory, config: Config) -> list[Finding]:
+    """Top-level workloads that pin nodeName; a ReplicaSet of a known Deployment is reported
+    through its Deployment (same template), not twice."""
+    findings = []
+    for workload in inventory.workloads:
+        if workload.pinned is None or workload.namespace in config.excluded_namespaces:
+            continue
+        if workload.owner is not None and inventory.workload(workload.owner) is not None:
+            continue
+        findings.append(_pinned(workload, inventory.state))
+    return findings
+
+
+def _pinned(workload: Workload, state: ClusterState) -> Finding:
+    obj, shape, pod = workload.pinned
+    [policy_finding] = pinned_node_name.check(Review(obj, shape, pod, "CREATE"), state)
+    node = state.nodes.get(workload.node_name)
+    rejects = node is None or bool(kubelet_admission(pod, node, state.usage(node.name)))
+    return Finding(
+        PINNED,
+        "high" if rejects else "medium",
+        workload.namespace,
+        workload.kind,
+        workload.name,
+        policy_finding.message,
+        node=workload.node_name,
+        count=workload.replicas,
+        api_version=workload.api_version,
+        uid=workload.uid,
+    )
+
+
+# -- AdmissionStorm -------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class StormGroup:
+    """The rejected pods of one top-level controller (or of no controller, per namespace)."""
+
+    namespace: str
+    owner: Owner | None
+    pods: list[RejectedPod] = field(default_factory=list)
+
+    @property
+    def count(self) -> int:
+        return len(self.pods)
+
+
+def storm_groups(inventory: Inventory) -> list[StormGroup]:
+    """Rejected pods grouped by owner resolved to the top-level controller where known."""
+    groups: dict[tuple[str, str], StormGroup] = {}
+    resolved: dict[str, Owner] = {}
+    for pod in inventory.rejected:
+        owner = pod.owner
+        if owner is not None:
+            if owner.uid not in resolved:
+                resolved[owner.uid] = inventory.top_controller(owner)
+            owner = resolved[owner.uid]
+        key = (pod.namespace, owner.uid if owner else "")
+        group = groups.get(key)
+        if group is None:
+            group = groups[key] = StormGroup(pod.namespace, owner)
+        group.pods.append(pod)
+    return list(groups.values())
+
+
+def storm_findings(
+    groups: Iterable[StormGroup], settings: StormSettings, now: float, config: Config
+) -> list[Finding]:
+    return [
+        _storm(group, settings, now)
+        for group in groups
+        if group.count >= settings.threshold and group.namespace not in config.excluded_namespaces
+    ]
+
+
+def _storm(group: StormGroup, settings: StormSettings, now: float) -> Finding:
+    owner = group.owner
+    who = (
+        f"{owner.kind} {group.namespace}/{owner.name}"
+        if owner
+        else f"pods without a controller in {group.namespace}"
+    )
+    reasons = Counter(p.reason for p in group.pods)
+    nodes = Counter(p.node or "<no node>" for p in group.pods)
+    times = sorted(t for t in (_epoch(p.created) for p in group.pods) if t is not None)
+    when, running = _storm_timing(times, group.count, settings, now)
+    message = (
+        f"{group.count} pods of {who} were rejected by the kubelet at admission and are still "
+        f"present (Failed): reasons {_top(reasons)}; nodes {_top(nodes)}; {when} "
+        f"{_RUNNING if running else _OVER} "
+        f"Clean up: {cleanup_command(group)}"
+    )
+    return Finding(
+        STORM,
+        "high" if running else "medium",
+        group.namespace,
+        owner.kind if owner else "Pod",
+        owner.name if owner else "",
+        message,
+        node=nodes.most_common(1)[0][0] if len(nodes) == 1 else "",
+        count=group.count,
+        api_version=owner.api_version if owner else "v1",
+        uid=owner.uid if owner else "",
+    )
+
+
+_RUNNING = "The storm is likely still running."
+_OVER = "The storm is over, but its Failed pods still hold etcd space and slow every pod list."
+
+
+def _storm_timing(times: list[float], count: int, settings: StormSettings, now: float) -> tuple[str, bool]:
+    if not times:
+        return "creation times unknown.", False
+    first, last = times[0], times[-1]
+    span = last - first
+    rate = f"{count / (span / 60):.1f} pods/min" if span > 0 else "all at once"
+    text = f"first {_rfc3339(first)}, last {_rfc3339(last)} ({rate})."
+    return text, now - last <= settings.window_seconds
+
+
+def cleanup_command(group: StormGroup) -> str:
+    """Deletes this group's Failed pods: by the labels every one of them carries, else by name."""
+    common = set(group.pods[0].labels)
+    for pod in group.pods[1:]:
+        common.intersection_update(pod.labels)
+    namespace = shlex.quote(group.namespace)
+    if common:
+        selector = ",".join(f"{k}={v}" for k, v in sorted(common))
+        return (
+            f"kubectl delete pods -n {namespace} --field-selector=status.phase=Failed "
+            f"-l {shlex.quote(selector)}"
+        )
+    return f"kubectl delete pods -n {namespace} " + " ".join(shlex.quote(p.name) for p in group.pods)
+
+
+def _top(counts: Counter[str], limit: int = 5) -> str:
+    shown = ", ".join(f"{name} {n}" for name, n in counts.most_common(limit))
+    more = len(counts) - limit
+    return shown + (f" and {more} more" if more > 0 else "")
+
+
+def _epoch(timestamp: str) -> float | None:
+    if not timestamp:
+        return None
+    try:
+        moment = datetime.fromisoformat(timestamp)
+    except ValueError:
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()
+
+
+def _rfc3339(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# -- node findings: MixedDeviceScheduler and Overcommitted ----------------------------------
+
+
+def pinned_pods(inventory: Inventory) -> frozenset[str]:
+    """Keys of the device-holding pods whose controller chain pins nodeName."""
+    return frozenset(
+        key for key, owner in inventory.device_pod_owners.items() if _pinned_by_controller(inventory, owner)
+    )
+
+
+def _pinned_by_controller(inventory: Inventory, owner: Owner | None) -> bool:
+    seen: set[str] = set()
+    while owner is not None and owner.uid not in seen:
+        seen.add(owner.uid)
+        workload = inventory.workload(owner)
+        if workload is None:
+            return False
+        if workload.node_name:
+            return True
+        owner = workload.owner
+    return False
+
+
+def node_findings(
+    state: ClusterState, config: Config, names: Iterable[str], bypass: frozenset[str] = frozenset()
+) -> list[Finding]:
+    """MixedDeviceScheduler and Overcommitted on the named nodes (a chunk, or all of them).
+
+    ``bypass``: keys of pods whose controller set nodeName (they count as their own holder).
+    """
+    mixed, overcommitted = audited(config, MIXED), audited(config, OVERCOMMITTED)
+    findings: list[Finding] = []
+    for name in names:
+        node = state.nodes.get(name)
+        usage = state.usage(name)
+        if node is None or not usage.pods:
+            continue
+        if mixed:
+            findings += _mixed(node, usage, config, bypass)
+        if overcommitted:
+            findings += _overcommitted(node, usage)
+    return findings
+
+
+def _mixed(node, usage, config: Config, bypass: frozenset[str]) -> list[Finding]:
+    devices = config.device_scheduler
+    holders: dict[str, Counter[str]] = {}
+    for key, record in usage.pods.items():
+        for resource in record.devices:
+            if devices.is_device(resource):
+                holder = BYPASS if key in bypass else record.scheduler
+                holders.setdefault(resource, Counter())[holder] += 1
+    findings = []
+    for resource, counts in sorted(holders.items()):
+        if len(counts) < 2:
+            continue
+        allocatable = node.allocatable.get(resource, 0)
+        used = usage.requested.get(resource, 0)
+        fmt = lambda n, r=resource: format_amount(r, n)  # noqa: E731
+        listing = ", ".join(
+            f"{'pods that set spec.nodeName themselves' if h == BYPASS else h} ({_pods(n)})"
+            for h, n in sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+        )
+        owner = devices.configured_owner(resource)
+        advice = (
+            f"its configured owner is {owner}: move the other pods to it"
+            if owner
+            else f"give it one owner (policies.deviceScheduler.owners: {{{resource}: SCHEDULER}})"
+        )
+        findings.append(
+            Finding(
+                MIXED,
+                "high" if used >= allocatable else "medium",
+                "",
+                "Node",
+                node.name,
+                f"node {node.name}: {resource} is held by {listing}; {fmt(used)} of {fmt(allocatable)} "
+                f"allocated. Each keeps its own count of free devices, so two can bind the last one and "
+                f"the kubelet fails the second pod with UnexpectedAdmissionError; {advice}.",
+                node=node.name,
+                resource=resource,
+                count=sum(counts.values()),
+                api_version="v1",
+            )
+        )
+    return findings
+
+
+def _pods(n: int) -> str:
+    return f"{n} pod" if n == 1 else f"{n} pods"
+
+
+def _overcommitted(node, usage) -> list[Finding]:
+    requested: Mapping[str, int] = {**usage.requested, "pods": usage.pod_count}
+    findings = []
+    for resource, amount in sorted(requested.items()):
+        if is_extended_resource(resource) and resource not in node.allocatable:
+            continue  # the kubelet ignores extended resources a node does not report
+        allocatable = node.allocatable.get(resource, 0)
+        if amount <= allocatable:
+            continue
+        holders = (
+            usage.pod_count
+            if resource == "pods"
+            else sum(1 for r in usage.pods.values() if r.requests.get(resource, 0) > 0)
+        )
+        fmt = lambda n, r=resource: format_amount(r, n)  # noqa: E731
+        device = resource == "pods" or is_extended_resource(resource)
+        findings.append(
+            Finding(
+                OVERCOMMITTED,
+                "high" if device else "medium",
+                "",
+                "Node",
+                node.name,
+                f"node {node.name}: active pods request {fmt(amount)} {resource}, but only "
+                f"{fmt(allocatable)} is allocatable; the kubelet rejects every new pod that asks for "
+                f"{resource} (OutOf{resource}) until some leave. Allocatable shrank under running pods "
+                f"(a device lost, reservations raised) or pods bypassed the scheduler.",
+                node=node.name,
+                resource=resource,
+                count=holders,
+                api_version="v1",
+            )
+        )
+    return findings
+
+
+# -- output ---------------------------------------------------------------------------------
+
+_COLUMNS = ("SEVERITY", "NAMESPACE", "KIND", "NAME", "NODE", "RESOURCE", "COUNT")
+
+
+def render_text(report: Report) -> str:
+    """One table per finding type, then each finding's message under its table."""
+    if not report.findings:
+        return "no findings\n"
+    out: list[str] = []
+    for finding_type in TYPES:
+        rows = [f for f in report.findings if f.type == finding_type]
+        if not rows:
+            continue
+        cells = [_cells(f) for f in rows]
+        widths = [max(len(c[i]) for c in (_COLUMNS, *cells)) for i in range(len(_COLUMNS))]
+        out.append(f"{finding_type} ({len(rows)})")
+        for line in (_COLUMNS, *cells):
+            out.append("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip())
+        for i, finding in enumerate(rows, 1):
+            out.append(f"  [{i}] {finding.message}")
+        out.append("")
+    return "\n".join(out)
+
+
+def _cells(f: Finding) -> tuple[str, ...]:
+    return (
+        f.severity,
+        f.namespace or "-",
+        f.kind,
+        f.name or "-",
+        f.node or "-",
+        f.resource or "-",
+        str(f.count),
+    )
+
+
+REPORT_NAME = "admit-guard-audit"
+SOURCE = "admit-guard"
+
+
+def policy_reports(report: Report, now: float) -> list[dict[str, Any]]:
+    """``wgpolicyk8s.io/v1alpha2``: a PolicyReport per namespace, a ClusterPolicyReport for nodes."""
+    by_namespace: dict[str, list[Finding]] = {}
+    for finding in report.findings:
+        by_namespace.setdefault(finding.namespace, []).append(finding)
+    reports = []
+    for namespace in sorted(by_namespace):
+        results = [_result(f, now) for f in by_namespace[namespace]]
+        metadata: dict[str, Any] = {
+            "name": REPORT_NAME,
+            "labels": {"app.kubernetes.io/managed-by": SOURCE},
+        }
+        kind = "ClusterPolicyReport"
+        if namespace:
+            metadata["namespace"] = namespace
+            kind = "PolicyReport"
+        reports.append(
+            {
+                "apiVersion": "wgpolicyk8s.io/v1alpha2",
+                "kind": kind,
+                "metadata": metadata,
+                "summary": {
+                    "pass": 0,
+                    "fail": sum(r["result"] == "fail" for r in results),
+                    "warn": sum(r["result"] == "warn" for r in results),
+                    "error": 0,
+                    "skip": 0,
+                },
+                "results": results,
+            }
+        )
+    return reports
+
+
+def _result(finding: Finding, now: float) -> dict[str, Any]:
+    resource: dict[str, Any] = {"apiVersion": finding.api_version, "kind": finding.kind, "name": finding.name}
+    if finding.namespace:
+        resource["namespace"] = finding.namespace
+    if finding.uid:
+        resource["uid"] = finding.uid
+    properties = {"node": finding.node, "resource": finding.resource, "count": str(finding.count)}
+    return {
+        "source": SOURCE,
+        "policy": POLICY_OF[finding.type],
+        "rule": finding.type,
+        "category": "admit-guard audit",
+        "result": "fail" if finding.severity == "high" else "warn",
+        "severity": finding.severity,
+        "scored": True,
+        "message": finding.message,
+        "resources": [resource] if finding.name else [],
+        "properties": {k: v for k, v in properties.items() if v},
+        "timestamp": {"seconds": int(now), "nanos": 0},
+    }

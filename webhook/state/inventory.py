@@ -1,0 +1,256 @@
+"""What the audit reads of a cluster: the state, the workloads, and the pods the kubelet rejected.
+
+``ClusterState`` keeps nodes and active pods only: terminal pods hold nothing on a node, and
+the webhook never needs a Deployment. The audit needs both: the workloads (whose templates pin
+``nodeName``, and which own the ReplicaSets and Jobs that own pods) and the Failed pods a storm
+left behind. An ``Inventory`` holds them as compact records, built from snapshot files or from
+one paginated list of each kind; every object goes through the same ``InventoryBuilder.add``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from ..checks import PodUnderReview
+from ..kube.errors import FieldError
+from ..kube.rejection import Owner, admission_rejection, controller_owner
+from ..kube.workloads import PodShape, pod_shape
+from ..manifests import ManifestError, read_documents
+from .model import ClusterState, node_from, object_key, pod_record
+from .snapshot import SnapshotError
+
+# The workload kinds the audit reads, as (list resource, kind, apiVersion): a live list's items
+# carry neither kind nor apiVersion, so the reader stamps them from here.
+WORKLOAD_RESOURCES = (
+    ("deployments", "Deployment", "apps/v1"),
+    ("replicasets", "ReplicaSet", "apps/v1"),
+    ("statefulsets", "StatefulSet", "apps/v1"),
+    ("daemonsets", "DaemonSet", "apps/v1"),
+    ("jobs", "Job", "batch/v1"),
+    ("cronjobs", "CronJob", "batch/v1"),
+    ("replicationcontrollers", "ReplicationController", "v1"),
+)
+LIVE_RESOURCES = (("nodes", "Node", "v1"), ("pods", "Pod", "v1"), *WORKLOAD_RESOURCES)
+WORKLOAD_KINDS = frozenset(kind for _, kind, _ in WORKLOAD_RESOURCES)
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """One controller. ``pinned`` (the template's pod, with the object) only when it sets nodeName."""
+
+    kind: str
+    api_version: str
+    namespace: str
+    name: str
+    uid: str
+    owner: Owner | None
+    node_name: str = ""
+    replicas: int = 1
+    pinned: tuple[Mapping[str, Any], PodShape, PodUnderReview] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RejectedPod:
+    """A Failed pod the kubelet rejected at admission: what the storm report needs of it."""
+
+    namespace: str
+    name: str
+    owner: Owner | None
+    reason: str
+    node: str
+    created: str  # metadata.creationTimestamp, RFC 3339 ("" when absent)
+    labels: tuple[tuple[str, str], ...]
+
+
+@dataclass(slots=True)
+class Inventory:
+    state: ClusterState = field(default_factory=ClusterState)
+    workloads: list[Workload] = field(default_factory=list)
+    rejected: list[RejectedPod] = field(default_factory=list)
+    # The controllers of the active pods that hold an extended resource (few): the audit tells
+    # pods a scheduler placed from pods whose controller pinned nodeName.
+    device_pod_owners: dict[str, Owner] = field(default_factory=dict)
+    _by_uid: dict[str, Workload] = field(default_factory=dict)
+    _by_name: dict[tuple[str, str, str], Workload] = field(default_factory=dict)
+
+    def workload(self, owner: Owner) -> Workload | None:
+        """The workload an ownerReference points at (by uid, else kind/namespace/name)."""
+        found = self._by_uid.get(owner.uid)
+        if found is not None:
+            return found
+        return self._by_name.get((owner.kind, owner.namespace, owner.name))
+
+    def top_controller(self, owner: Owner) -> Owner:
+        """Follow controller references up while the owner is known: Pod → ReplicaSet → Deployment,
+        Pod → Job → CronJob; the direct owner when the chain is not in the inventory."""
+        seen = {owner.uid}
+        while (known := self.workload(owner)) is not None and known.owner is not None:
+            if known.owner.uid in seen:
+                break  # a reference loop: stop where it closes
+            owner = known.owner
+            seen.add(owner.uid)
+        return owner
+
+
+class InventoryBuilder:
+    """Adds Kubernetes objects to an ``Inventory``; raises ``FieldError`` on unusable fields."""
+
+    def __init__(self) -> None:
+        self.inventory = Inventory()
+
+    def add(self, obj: Mapping[str, Any]) -> None:
+        kind = obj.get("kind")
+        if kind == "Node":
+            self.inventory.state.set_node(node_from(obj))
+        elif kind == "Pod":
+            self._add_pod(obj)
+        elif kind in WORKLOAD_KINDS and pod_shape(obj) is not None:
+            self._add_workload(obj)
+
+    def _add_pod(self, pod: Mapping[str, Any]) -> None:
+        inventory = self.inventory
+        rejection = admission_rejection(pod)
+        if rejection is not None:
+            metadata = pod.get("metadata") or {}
+            spec = pod.get("spec") or {}
+            labels = metadata.get("labels") or {}
+            inventory.rejected.append(
+                RejectedPod(
+                    namespace=str(metadata.get("namespace") or "default"),
+                    name=str(metadata.get("name") or ""),
+                    owner=controller_owner(pod),
+                    reason=sys.intern(rejection.reason),
+                    node=sys.intern(str(spec.get("nodeName") or "")),
+                    created=str(metadata.get("creationTimestamp") or ""),
+                    labels=tuple(sorted((str(k), str(v)) for k, v in labels.items()))
+                    if isinstance(labels, Mapping)
+                    else (),
+                )
+            )
+            return
+        key = object_key(pod)
+        record = pod_record(pod)
+        inventory.state.set_pod(key, record)
+        if record is not None and any(True for _ in record.devices):
+            owner = controller_owner(pod)
+            if owner is not None:
+                inventory.device_pod_owners[key] = owner
+
+    def _add_workload(self, obj: Mapping[str, Any]) -> None:
+        shape = pod_shape(obj)
+        metadata = obj.get("metadata") or {}
+        namespace = str(metadata.get("namespace") or "default")
+        name = str(metadata.get("name") or "")
+        uid = str(metadata.get("uid") or "")
+        node_name = shape.spec.get("nodeName") or ""
+        pinned = None
+        if node_name:
+            # Only pinned templates are judged, so only theirs are kept (and validated now).
+            pinned = (obj, shape, PodUnderReview.from_shape(shape))
+        workload = Workload(
+            kind=str(obj["kind"]),
+            api_version=str(obj.get("apiVersion") or ""),
+            namespace=namespace,
+            name=name,
+            uid=uid,
+            owner=controller_owner(obj),
+            node_name=str(node_name),
+            replicas=_replicas(obj),
+            pinned=pinned,
+        )
+        inventory = self.inventory
+        inventory.workloads.append(workload)
+        if uid:
+            inventory._by_uid[uid] = workload
+        inventory._by_name[(workload.kind, namespace, name)] = workload
+
+
+def _replicas(obj: Mapping[str, Any]) -> int:
+    """How many pods the workload asks for at once (what a pinned template multiplies)."""
+    spec = obj.get("spec") or {}
+    if obj.get("kind") == "Job":
+        value = spec.get("parallelism", 1)
+    elif obj.get("kind") in ("DaemonSet", "CronJob"):
+        value = 1
+    else:
+        value = spec.get("replicas", 1)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 1
+
+
+def read_inventory(paths: Iterable[str]) -> Inventory:
+    """An ``Inventory`` from snapshot files; raises ``SnapshotError`` listing every problem."""
+    builder = InventoryBuilder()
+    problems: list[str] = []
+    for doc in read_documents(paths):
+        if isinstance(doc, ManifestError):
+            problems.append(str(doc))
+            continue
+        try:
+            builder.add(doc.obj)
+        except FieldError as err:
+            problems.append(f"{doc.location}: {doc.obj['kind']}: field {err}")
+    if problems:
+        raise SnapshotError(problems)
+    return builder.inventory
+
+
+class Progress:
+    """A progress line on stderr for live reads that take more than a second (TTY only)."""
+
+    def __init__(self, stream: IO[str] | None = None, delay: float = 1.0, clock=time.monotonic) -> None:
+        self.stream = stream if stream is not None else sys.stderr
+        self.enabled = self.stream.isatty()
+        self.delay = delay
+        self.clock = clock
+        self.started = clock()
+        self.shown = False
+
+    def update(self, resource: str, count: int) -> None:
+        if self.enabled and self.clock() - self.started >= self.delay:
+            self.stream.write(f"\rreading {resource}: {count:,} objects\x1b[K")
+            self.stream.flush()
+            self.shown = True
+
+    def done(self) -> None:
+        if self.shown:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+
+
+def live_inventory(api, page_size: int = 500, progress: Progress | None = None) -> Inventory:
+    """One paginated list of nodes, pods and each workload kind (``api``: ``ApiServer``).
+
+    Objects whose fields cannot be read are errors, as in snapshots: ``SnapshotError``.
+    """
+    builder = InventoryBuilder()
+    problems: list[str] = []
+    for resource, kind, api_version in LIVE_RESOURCES:
+        for count, obj in enumerate(_pages(api, resource, page_size), 1):
+            obj.setdefault("kind", kind)
+            obj.setdefault("apiVersion", api_version)
+            try:
+                builder.add(obj)
+            except FieldError as err:
+                name = (obj.get("metadata") or {}).get("name")
+                problems.append(f"{resource} {name}: field {err}")
+            if progress is not None and count % page_size == 0:
+                progress.update(resource, count)
+    if progress is not None:
+        progress.done()
+    if problems:
+        raise SnapshotError(problems)
+    return builder.inventory
+
+
+def _pages(api, resource: str, page_size: int) -> Iterable[dict[str, Any]]:
+    token = ""
+    while True:
+        page = api.list_page(resource, page_size, token)
+        yield from page.items
+        token = page.continue_token
+        if not token:
+            return
