@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 ADDRESS ?= 127.0.0.1:8443
 EXAMPLE ?= examples/admission/incident-1-pinned-deployment.json
 
-.PHONY: run check certs test lint bench clean deploy-certs deploy-render deploy-vap
+.PHONY: run check certs test lint bench clean deploy-certs deploy-render deploy-vap promtool monitoring-test
 
 OVERLAY ?= self-signed
 SELF_SIGNED := deploy/overlays/self-signed
@@ -46,6 +46,18 @@ bench: $(STAMP)
 	$(BIN)/python bench/engine_bench.py
 	$(BIN)/python bench/http_bench.py
 	$(BIN)/python bench/informer_bench.py
+	$(BIN)/python bench/audit_bench.py
+
+# promtool (Debian's prometheus package) for the alert rules' unit tests.
+promtool:
+	@command -v promtool > /dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get install -y --no-install-recommends prometheus; \
+	  else sudo apt-get install -y --no-install-recommends prometheus; fi; } \
+	  || { echo "promtool missing: install Debian's 'prometheus' package" >&2; exit 1; }
+
+# deploy/monitoring: promtool unit tests of the alerts; alert and dashboard metric names.
+monitoring-test: $(STAMP) promtool
+	$(BIN)/pytest tests/test_monitoring.py
 
 # TLS for the self-signed overlay; its kustomization copies ca.crt into the caBundles.
 deploy-certs: $(SELF_SIGNED)/certs/tls.crt

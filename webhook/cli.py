@@ -295,6 +295,11 @@ def certs(service, namespace, out) -> None:
     show_default=True,
     help="Live state not refreshed (event or bookmark) for this many seconds is not trusted.",
 )
+@click.option(
+    "--audit-interval",
+    type=click.FloatRange(1),
+    help="Audit the nodes of the server's state every so many seconds; findings become gauges (off).",
+)
 @live_cluster_options
 def serve(
     cluster,
@@ -306,6 +311,7 @@ def serve(
     max_body_bytes,
     log_level,
     max_state_age,
+    audit_interval,
     kubeconfig,
     context,
 ) -> None:
@@ -336,9 +342,17 @@ def serve(
         """Runs in each worker after the fork: threads and connections are per process."""
         if live:
             source = Informer(_api_server(kubeconfig, context), Timing(max_age=max_state_age)).start()
-            return create_app(config, source, source_name="informer", max_body_bytes=max_body_bytes)
+            return create_app(
+                config,
+                source,
+                source_name="informer",
+                max_body_bytes=max_body_bytes,
+                audit_interval=audit_interval,
+            )
         # The snapshot was loaded once, before the fork: workers share its pages.
-        return create_app(config, FixedState(state), max_body_bytes=max_body_bytes)
+        return create_app(
+            config, FixedState(state), max_body_bytes=max_body_bytes, audit_interval=audit_interval
+        )
 
     options = ServeOptions(
         bind=bind, cert_dir=cert_dir, workers=workers, threads=threads, log_level=log_level

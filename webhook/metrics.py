@@ -83,11 +83,27 @@ class Metrics:
             multiprocess_mode="livesum",
             registry=registry,
         )
+        self.state_ready = Gauge(
+            "admit_guard_state_ready",
+            "1 while the worker's cluster state is synced and fresh enough to judge against (any worker).",
+            ["source"],
+            multiprocess_mode="livemin",
+            registry=registry,
+        )
+        self.unchecked = Counter(
+            "admit_guard_unchecked_decisions",
+            "Reviews the guard could not decide (unreadable object, internal error), answered per "
+            "failOpen: fail-open or fail-closed.",
+            ["endpoint", "answer"],
+            registry=registry,
+        )
+        self.audit = AuditGauges(registry)
 
     def observe_state(self, readiness: Readiness, source: str) -> None:
         self.state_objects.labels("node").set(readiness.nodes)
         self.state_objects.labels("pod").set(readiness.pods)
         self.state_relists.labels(source).set(readiness.relists)
+        self.state_ready.labels(source).set(1 if readiness.ready else 0)
         if readiness.updated_at is not None:
             self.state_updated.labels(source).set(readiness.updated_at)
 
@@ -96,6 +112,49 @@ class Metrics:
         source = MultiProcessCollector(CollectorRegistry()) if self._registry is None else self._registry
         registry.register(_WithStateAge(source))
         return generate_latest(registry)
+
+
+class AuditGauges:
+    """The periodic audit's findings by type and namespace (``serve --audit-interval``).
+
+    A multi-process gauge cannot be removed, so a label set whose findings went away is set
+    to 0 rather than dropped: a resolved finding reads as 0, never as its last count.
+    """
+
+    def __init__(self, registry: CollectorRegistry | None) -> None:
+        self.findings = Gauge(
+            "admit_guard_audit_findings",
+            "Findings of the last periodic audit, by finding type and namespace ('' for nodes).",
+            ["type", "namespace"],
+            multiprocess_mode="livemax",
+            registry=registry,
+        )
+        self.last_run = Gauge(
+            "admit_guard_audit_last_run_timestamp_seconds",
+            "Wall-clock time the last periodic audit finished (oldest worker).",
+            ["source"],
+            multiprocess_mode="livemin",
+            registry=registry,
+        )
+        self.duration = Gauge(
+            "admit_guard_audit_duration_seconds",
+            "How long the last periodic audit took (slowest worker).",
+            ["source"],
+            multiprocess_mode="livemax",
+            registry=registry,
+        )
+        self._published: set[tuple[str, str]] = set()
+
+    def publish(
+        self, counts: dict[tuple[str, str], int], source: str, finished_at: float, took: float
+    ) -> None:
+        for labels in self._published - counts.keys():
+            self.findings.labels(*labels).set(0)
+        for labels, count in counts.items():
+            self.findings.labels(*labels).set(count)
+        self._published |= counts.keys()
+        self.last_run.labels(source).set(finished_at)
+        self.duration.labels(source).set(took)
 
 
 class _WithStateAge:

@@ -22,6 +22,7 @@ from .metrics import Metrics
 from .state.source import StateSource
 
 SOURCE_EXTENSION = "admit_guard.state_source"
+AUDIT_EXTENSION = "admit_guard.periodic_audit"
 DEFAULT_MAX_BODY = 3 * 1024 * 1024  # the apiserver's own request limit is 3 MiB
 DECISION_LOG = "admit_guard.decision"
 # An unread body makes the socket close with a reset, and the client never sees the 413.
@@ -34,13 +35,23 @@ def create_app(
     *,
     source_name: str = "snapshot",
     max_body_bytes: int = DEFAULT_MAX_BODY,
+    audit_interval: float | None = None,
 ) -> Flask:
-    """Build the webhook app. ``source`` supplies the cluster state and its readiness."""
+    """Build the webhook app. ``source`` supplies the cluster state and its readiness.
+
+    ``audit_interval``: run the node audit on the state every so many seconds (gauges).
+    """
     app = Flask("admit_guard")
     app.config["MAX_CONTENT_LENGTH"] = max_body_bytes
     app.extensions[SOURCE_EXTENSION] = source  # gunicorn's worker_exit closes it
     metrics = Metrics()
     log = logging.getLogger(DECISION_LOG)
+    if audit_interval:
+        from .periodic_audit import PeriodicAudit
+
+        app.extensions[AUDIT_EXTENSION] = PeriodicAudit(
+            source, config, metrics.audit, audit_interval, source_name
+        ).start()
 
     def answer(endpoint: str) -> Response:
         started = time.perf_counter()
@@ -112,6 +123,8 @@ def _record(metrics: Metrics, endpoint: str, outcome: Outcome, latency: float) -
     req = outcome.request
     metrics.latency.labels(endpoint).observe(latency)
     metrics.requests.labels(endpoint, req.kind, req.operation, outcome.verdict).inc()
+    if outcome.error:
+        metrics.unchecked.labels(endpoint, "fail-open" if outcome.allowed else "fail-closed").inc()
     decision = outcome.decision
     if decision is None or req.dry_run:
         return  # dry runs have no side effects, and counting a finding is one

@@ -20,6 +20,7 @@ from typing import Any
 
 from gunicorn.app.base import BaseApplication
 
+from .cert_metrics import record_certificate_expiry
 from .metrics import worker_exited
 from .server import SOURCE_EXTENSION
 
@@ -63,6 +64,7 @@ class CertificateFiles:
                     self._context = server_context(self.cert, self.key)
                     self._stamp = stamp
                     log.info("loaded serving certificate %s", self.cert)
+                    record_certificate_expiry(self.cert)
                 except (OSError, ssl.SSLError) as err:
                     if self._context is None:
                         raise

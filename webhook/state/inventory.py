@@ -9,9 +9,11 @@ one paginated list of each kind; every object goes through the same ``InventoryB
 
 from __future__ import annotations
 
+import gc
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -183,6 +185,24 @@ def _replicas(obj: Mapping[str, Any]) -> int:
 
 def read_inventory(paths: Iterable[str]) -> Inventory:
     """An ``Inventory`` from snapshot files; raises ``SnapshotError`` listing every problem."""
+    # Millions of new dicts and strings, no cycles: the collector's passes over them cost
+    # more than the parse itself (a third of the read at 150,000 pods).
+    with _collector_paused():
+        return _read_inventory(paths)
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _read_inventory(paths: Iterable[str]) -> Inventory:
     builder = InventoryBuilder()
     problems: list[str] = []
     for doc in read_documents(paths):

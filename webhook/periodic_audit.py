@@ -1,0 +1,81 @@
+"""The audit inside the server (``serve --audit-interval``): from the live state, no extra reads.
+
+The server's state holds nodes and active pods, nothing more: no workloads, no Failed pods.
+So the periodic audit computes the node findings, ``MixedDeviceScheduler`` (pods of more than
+one scheduler holding a device; pods whose controller pinned nodeName cannot be told apart
+without the workloads) and ``Overcommitted``. ``admit-guard audit`` reports all four types.
+
+Reviews read the same state under the same lock, so the audit takes it one chunk of nodes at a
+time: an admission review never waits for more than one chunk.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+
+from .audit import MIXED, OVERCOMMITTED, Finding, node_findings
+from .config import Config
+from .metrics import AuditGauges
+from .state.source import StateSource
+
+log = logging.getLogger(__name__)
+NODES_PER_CHUNK = 250
+
+
+class PeriodicAudit:
+    """Runs the node audit every ``interval`` seconds on a daemon thread and publishes gauges."""
+
+    def __init__(
+        self,
+        source: StateSource,
+        config: Config,
+        gauges: AuditGauges,
+        interval: float,
+        source_name: str = "snapshot",
+    ) -> None:
+        self.source = source
+        self.config = config
+        self.gauges = gauges
+        self.interval = interval
+        self.source_name = source_name
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> PeriodicAudit:
+        self._thread = threading.Thread(target=self._loop, name="periodic-audit", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.run_once()
+            except Exception:  # a bug in the audit must never take the webhook down
+                log.exception("periodic audit failed")
+            self._stop.wait(self.interval)
+
+    def run_once(self) -> list[Finding] | None:
+        """One audit; None (and no gauge change) while the state is unavailable."""
+        started = time.perf_counter()
+        with self.source.reading() as view:
+            if view.state is None:
+                return None
+            names = list(view.state.nodes)
+        findings: list[Finding] = []
+        for start in range(0, len(names), NODES_PER_CHUNK):
+            with self.source.reading() as view:
+                if view.state is None:
+                    return None
+                findings += node_findings(view.state, self.config, names[start : start + NODES_PER_CHUNK])
+        counts = {(MIXED, ""): 0, (OVERCOMMITTED, ""): 0}
+        counts.update(Counter((f.type, f.namespace) for f in findings))
+        self.gauges.publish(counts, self.source_name, time.time(), time.perf_counter() - started)
+        return findings
