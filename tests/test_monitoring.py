@@ -173,3 +173,21 @@ print(generate_latest(registry).decode())
     [sample] = family.samples
     assert sample.value == pytest.approx(float(expiry))
     assert sample.labels["certificate"].endswith("tls.crt")
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl renders kustomize (as in test_deploy)")
+def test_uninstall_and_monitoring_render_in_a_clone_without_certificates(tmp_path):
+    """README's uninstall deletes ``-k deploy/base`` and ``-k deploy/monitoring``: both must build
+    where no ``make deploy-certs`` ever ran."""
+    shutil.copytree(ROOT / "deploy", tmp_path / "deploy", ignore=shutil.ignore_patterns("certs"))
+    kinds = {}
+    for part in ("base", "monitoring"):
+        text = subprocess.run(
+            ["kubectl", "kustomize", str(tmp_path / "deploy" / part)],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        kinds[part] = {doc["kind"] for doc in yaml.safe_load_all(text) if doc}
+    assert {"ValidatingWebhookConfiguration", "MutatingWebhookConfiguration", "Namespace"} <= kinds["base"]
+    assert kinds["monitoring"] == {"PrometheusRule", "ServiceMonitor", "ConfigMap"}
