@@ -492,3 +492,50 @@ def test_the_progress_line_appears_only_on_a_tty_after_a_second():
     quiet = io.StringIO()
     Progress(quiet, delay=0).update("pods", 1)
     assert quiet.getvalue() == ""
+
+
+def test_audit_kubeconfig_lists_every_kind_from_a_live_api_server(tmp_path, monkeypatch):
+    from tests import fake_apiserver
+    from webhook.state.apiserver import RESOURCES
+    from webhook.state.inventory import LIVE_RESOURCES
+
+    for resource, kind, _ in LIVE_RESOURCES:
+        monkeypatch.setitem(fake_apiserver.PATHS, RESOURCES[resource], resource)
+        monkeypatch.setitem(fake_apiserver.LIST_KINDS, resource, f"{kind}List")
+    resources = [r for r, _, _ in LIVE_RESOURCES]
+    cluster = fake_apiserver.Cluster(
+        objects={r: {} for r in resources},
+        log={r: [] for r in resources},
+        floor={r: 0 for r in resources},
+        faults={r: [] for r in resources},
+    )
+    objects = storm(25)
+    cluster.load("deployments", [bare(objects[0])])
+    cluster.load("replicasets", [bare(objects[1])])
+    cluster.load("pods", [bare(p) for p in objects[2:]])
+    server = fake_apiserver.FakeApiServer(cluster)
+    try:
+        result = run_audit("--kubeconfig", server.kubeconfig(tmp_path / "kubeconfig"), "-o", "json")
+    finally:
+        server.close()
+    assert result.exit_code == 1, result.output
+    [finding] = json.loads(result.stdout)["findings"]
+    assert (finding["type"], finding["kind"], finding["name"], finding["count"]) == (
+        audit.STORM,
+        "Deployment",
+        "web",
+        25,
+    )
+    assert {r.split()[0] for r in cluster.requests} == set(resources)
+
+
+def test_a_live_read_that_fails_exits_2_with_the_api_error(tmp_path):
+    from tests.fake_apiserver import Cluster, FakeApiServer
+
+    server = FakeApiServer(Cluster())  # serves nodes and pods only: deployments answer 404
+    try:
+        result = run_audit("--kubeconfig", server.kubeconfig(tmp_path / "kubeconfig"))
+    finally:
+        server.close()
+    assert result.exit_code == 2
+    assert "cannot list the cluster's objects: 404: deployments" in result.output
