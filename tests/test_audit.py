@@ -12,6 +12,8 @@ import jsonschema
 import pytest
 import yaml
 from click.testing import CliRunner
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tests.builders import deployment, node, pod
 from webhook import audit
@@ -539,3 +541,53 @@ def test_a_live_read_that_fails_exits_2_with_the_api_error(tmp_path):
         server.close()
     assert result.exit_code == 2
     assert "cannot list the cluster's objects: 404: deployments" in result.output
+
+
+# -- grouping, for any ownership forest ---------------------------------------------------
+
+
+@st.composite
+def forests(draw):
+    """parents[i] < i (or -1: no owner), so chains are acyclic; pods owned by any workload or none."""
+    size = draw(st.integers(min_value=1, max_value=12))
+    parents = [draw(st.integers(min_value=-1, max_value=i - 1)) for i in range(size)]
+    pod_owners = draw(st.lists(st.integers(min_value=-1, max_value=size - 1), max_size=60))
+    return parents, pod_owners
+
+
+def workload_chain(parents):
+    workloads = []
+    for i, parent in enumerate(parents):
+        rs = with_uid(replica_set(f"w{i}", f"w{i}", "-", "-"), f"w{i}")
+        rs["metadata"].pop("ownerReferences")
+        if parent >= 0:
+            owned(rs, "ReplicaSet", f"w{parent}", f"w{parent}")
+        workloads.append(rs)
+    return workloads
+
+
+@given(forests())
+def test_every_rejected_pod_lands_in_one_group_under_the_root_of_its_chain(forest):
+    parents, pod_owners = forest
+    pods = [
+        rejected(f"p{j}", ("ReplicaSet", f"w{o}", f"w{o}") if o >= 0 else None)
+        for j, o in enumerate(pod_owners)
+    ]
+    groups = audit.storm_groups(inventory(*workload_chain(parents), *pods))
+    placed = {p.name: (g.owner.uid if g.owner else None) for g in groups for p in g.pods}
+    assert sum(g.count for g in groups) == len(pods)
+
+    def root(i):
+        while parents[i] >= 0:
+            i = parents[i]
+        return f"w{i}"
+
+    assert placed == {f"p{j}": (root(o) if o >= 0 else None) for j, o in enumerate(pod_owners)}
+
+
+def test_an_ownership_loop_ends_the_walk_instead_of_hanging():
+    a, b = workload_chain([-1, 0])
+    owned(a, "ReplicaSet", "w1", "w1")  # w0 -> w1 -> w0
+    pods = [rejected(f"p{i}", ("ReplicaSet", "w0", "w0")) for i in range(3)]
+    [group] = audit.storm_groups(inventory(a, b, *pods))
+    assert group.owner.uid in {"w0", "w1"} and group.count == 3
