@@ -105,3 +105,35 @@ def test_readiness_and_fail_open_decisions_are_exported():
     text = client.get("/metrics").get_data(as_text=True)
     assert metric_sum(text, "admit_guard_unchecked_decisions_total", answer="fail-open") == 1
     assert metric_sum(text, "admit_guard_state_ready") == 1
+
+
+def test_the_periodic_audit_makes_no_api_request_of_its_own(tmp_path):
+    from tests.fake_apiserver import Cluster, FakeApiServer
+    from webhook.state.apiserver import ApiServer
+    from webhook.state.informer import Informer
+
+    cluster = Cluster()
+    cluster.load("nodes", [node("gpu-1", extra={"nvidia.com/gpu": "4"})])
+    cluster.load(
+        "pods",
+        [
+            pod(n, node_name="gpu-1", requests={"nvidia.com/gpu": "1"}, scheduler=s)
+            for n, s in (("a", None), ("b", "volcano"))
+        ],
+    )
+    server = FakeApiServer(cluster)
+    informer = Informer(ApiServer.connect(kubeconfig=server.kubeconfig(tmp_path / "kubeconfig"))).start()
+    try:
+        assert informer.wait_synced(10)
+        deadline = time.monotonic() + 10
+        while len(cluster.requests) < 4 and time.monotonic() < deadline:  # both lists and both watches
+            time.sleep(0.01)
+        before = list(cluster.requests)
+        periodic = PeriodicAudit(informer, Config(), Metrics().audit, 60, "informer")
+        for _ in range(3):
+            [finding] = periodic.run_once()
+            assert finding.type == "MixedDeviceScheduler"
+        assert cluster.requests == before
+    finally:
+        informer.stop()
+        server.close()

@@ -137,7 +137,7 @@ def run_audit(inventory: Inventory, config: Config, now: float) -> Report:
     findings += node_findings(state, config, state.nodes, pinned_pods(inventory))
     scanned = {
         "nodes": len(state.nodes),
-        "pods": len(state.pods) + len(inventory.rejected),
+        "pods": inventory.pods_read,
         "workloads": len(inventory.workloads),
         "rejectedPods": len(inventory.rejected),
     }

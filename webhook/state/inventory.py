@@ -76,6 +76,7 @@ class Inventory:
     # The controllers of the active pods that hold an extended resource (few): the audit tells
     # pods a scheduler placed from pods whose controller pinned nodeName.
     device_pod_owners: dict[str, Owner] = field(default_factory=dict)
+    pods_read: int = 0  # every pod, terminal ones included
     _by_uid: dict[str, Workload] = field(default_factory=dict)
     _by_name: dict[tuple[str, str, str], Workload] = field(default_factory=dict)
 
@@ -115,6 +116,7 @@ class InventoryBuilder:
 
     def _add_pod(self, pod: Mapping[str, Any]) -> None:
         inventory = self.inventory
+        inventory.pods_read += 1
         rejection = admission_rejection(pod)
         if rejection is not None:
             metadata = pod.get("metadata") or {}
