@@ -374,11 +374,12 @@ def test_unusable_input_exits_2_and_names_file_and_field(tmp_path):
     assert run_audit().exit_code == 2  # no cluster at all
 
 
-def test_text_output_has_one_table_per_type(tmp_path):
+def test_text_output_has_one_table_per_type_worst_first(tmp_path):
     objects = [*storm(25), node("gpu-1", extra={"nvidia.com/gpu": "1"}), gpu_pod("a", count="2")]
     result = run_audit("--cluster", write_snapshot(tmp_path, *objects))
     lines = result.stdout.splitlines()
-    assert "AdmissionStorm (1)" in lines and "Overcommitted (1)" in lines
+    # both high: the storm's 25 pods come before the node's 1
+    assert lines.index("AdmissionStorm (1)") < lines.index("Overcommitted (1)")
     header = lines[lines.index("AdmissionStorm (1)") + 1]
     assert header.split() == ["SEVERITY", "NAMESPACE", "KIND", "NAME", "NODE", "RESOURCE", "COUNT"]
 

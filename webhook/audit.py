@@ -453,14 +453,13 @@ _COLUMNS = ("SEVERITY", "NAMESPACE", "KIND", "NAME", "NODE", "RESOURCE", "COUNT"
 
 
 def render_text(report: Report) -> str:
-    """One table per finding type, then each finding's message under its table."""
+    """One table per finding type, each finding's message under its table."""
     if not report.findings:
         return "no findings\n"
     out: list[str] = []
-    for finding_type in TYPES:
+    # Tables in the order of their worst finding, rows worst first.
+    for finding_type in dict.fromkeys(f.type for f in report.findings):
         rows = [f for f in report.findings if f.type == finding_type]
-        if not rows:
-            continue
         cells = [_cells(f) for f in rows]
         widths = [max(len(c[i]) for c in (_COLUMNS, *cells)) for i in range(len(_COLUMNS))]
         out.append(f"{finding_type} ({len(rows)})")
