@@ -375,10 +375,11 @@ def test_unusable_input_exits_2_and_names_file_and_field(tmp_path):
 
 
 def test_text_output_has_one_table_per_type_worst_first(tmp_path):
-    objects = [*storm(25), node("gpu-1", extra={"nvidia.com/gpu": "1"}), gpu_pod("a", count="2")]
+    old_storm = storm(25, created="2020-01-01T00:00:00Z")
+    objects = [*old_storm, node("gpu-1", extra={"nvidia.com/gpu": "1"}), gpu_pod("a", count="2")]
     result = run_audit("--cluster", write_snapshot(tmp_path, *objects))
     lines = result.stdout.splitlines()
-    # the overcommitted GPU node is high; the storm (hours before the real clock) is medium
+    # the overcommitted GPU node is high; the old storm is medium
     assert lines.index("Overcommitted (1)") < lines.index("AdmissionStorm (1)")
     header = lines[lines.index("AdmissionStorm (1)") + 1]
     assert header.split() == ["SEVERITY", "NAMESPACE", "KIND", "NAME", "NODE", "RESOURCE", "COUNT"]
