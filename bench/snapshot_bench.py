@@ -1,0 +1,69 @@
+"""Snapshot benchmark: ``admit-guard check --cluster`` on a ``kubectl get nodes,pods -A -o json``
+shaped file (4-space indent, as kubectl writes it) of 5,000 nodes / 150,000 pods.
+
+Runs the console script in a child process, so the numbers are what a CI job sees: wall time
+and the child's peak RSS (``ru_maxrss``). Target (issue 14): peak ≤ 500 MB and ≤ 8 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import orjson
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+from engine_bench import make_node, make_pod  # noqa: E402
+
+
+def write_snapshot(path: Path, nodes: int, pods: int) -> None:
+    """kubectl's List, written in pieces so the generator itself stays small."""
+    rng = random.Random(1)
+    items = (make_node(i) for i in range(nodes))
+    pod_items = (make_pod(i, nodes, rng) for i in range(pods))
+    with path.open("wb") as out:
+        out.write(b'{\n    "apiVersion": "v1",\n    "items": [\n')
+        for n, item in enumerate((*items, *pod_items)):
+            if n:
+                out.write(b",\n")
+            text = orjson.dumps(item, option=orjson.OPT_INDENT_2).decode()
+            # kubectl indents by four spaces, items two levels deep.
+            out.write("\n".join("        " + line.replace("  ", "    ") for line in text.splitlines()).encode())
+        out.write(b'\n    ],\n    "kind": "List",\n    "metadata": {\n        "resourceVersion": ""\n    }\n}\n')
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--nodes", type=int, default=5000)
+    parser.add_argument("--pods", type=int, default=150_000)
+    parser.add_argument("--keep", help="write the snapshot here and keep it")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        snapshot = Path(args.keep or Path(tmp) / "cluster.json")
+        if not snapshot.exists():
+            write_snapshot(snapshot, args.nodes, args.pods)
+        size_mb = snapshot.stat().st_size / 1e6
+        command = [
+            str(Path(sys.executable).with_name("admit-guard")), "check", "--cluster", str(snapshot),
+            "-f", str(ROOT / "examples/workloads"), "-o", "json",
+        ]  # fmt: skip
+        started = time.perf_counter()
+        done = subprocess.run(command, capture_output=True, text=True)
+        seconds = time.perf_counter() - started
+        peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024 / 1e6
+    if done.returncode not in (0, 1):
+        sys.exit(f"check failed ({done.returncode}): {done.stderr[-2000:]}")
+    print(f"snapshot: {args.nodes} nodes, {args.pods} pods, {size_mb:.0f} MB JSON (kubectl layout)")
+    print(f"check --cluster: {seconds:5.2f} s, peak RSS {peak_mb:.0f} MB (targets: <= 8 s, <= 500 MB)")
+
+
+if __name__ == "__main__":
+    main()
