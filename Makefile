@@ -46,6 +46,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/engine_bench.py
 	$(BIN)/python bench/http_bench.py
 	$(BIN)/python bench/informer_bench.py
+	$(BIN)/python bench/snapshot_bench.py
 
 # TLS for the self-signed overlay; its kustomization copies ca.crt into the caBundles.
 deploy-certs: $(SELF_SIGNED)/certs/tls.crt

@@ -60,12 +60,11 @@ def resource_list(values: object, field: str) -> ResourceVector:
     for name, raw in values.items():
         try:
             if type(name) is str and type(raw) is str:
-                amount = _string_amount(name, raw)
+                vector[name] = _string_amount(name, raw)
             else:
-                amount = _amount(str(name), raw)
+                vector[str(name)] = _amount(str(name), raw)
         except QuantityError as err:
             raise FieldError(f"{field}.{name}", str(err)) from None
-        vector[str(name)] = amount
     return vector
 
 
@@ -112,8 +111,11 @@ def containers(spec: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
     value = spec.get(key)
     if not value:
         return []
-    if not isinstance(value, list) or not all(isinstance(c, MAPPING) for c in value):
+    if not isinstance(value, list):
         raise FieldError(f"spec.{key}", "must be a list of containers")
+    for item in value:
+        if not isinstance(item, MAPPING):
+            raise FieldError(f"spec.{key}", "must be a list of containers")
     return value
 
 
