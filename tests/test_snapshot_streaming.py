@@ -41,6 +41,7 @@ def test_streamed_items_equal_the_items_of_the_whole_document(items, extra, inde
         '{"kind": "List", "items": []}',
         '{"apiVersion": "v1", "kind": "List", "items": {}}',
         '{"apiVersion": "v1", "kind": "List", "items": [], "items": []}',
+        '{"apiVersion": "v1", "kind": "List", "items": [{"kind": "Pod", "kind": "Node"}]}',
     ],
 )
 def test_anything_but_one_json_list_object_is_not_streamed(text):

@@ -6,8 +6,8 @@ needs only a compact record per pod. The standard library's C scanner (``raw_dec
 one value at a given offset, so walking the top-level object key by key and the ``items``
 array element by element keeps one item alive at a time, at the scanner's full speed.
 
-Anything unusual (not an object at the top, invalid JSON, ``NaN``, trailing text, a
-top-level object that turns out not to be a ``List``) raises ``NotStreamable``: the caller
+Anything unusual (not an object at the top, invalid JSON, ``NaN``, a duplicate key, trailing
+text, a top-level object that turns out not to be a ``List``) raises ``NotStreamable``: the caller
 then reads the file the ordinary way, so errors and results stay exactly those of
 ``manifests.documents_in``.
 """
@@ -30,7 +30,14 @@ def _no_constants(name: str) -> Any:
     raise NotStreamable(f"JSON does not allow {name}")  # orjson, and so the whole-file path, refuse it
 
 
-_DECODER = json.JSONDecoder(parse_constant=_no_constants)
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        raise NotStreamable("duplicate key")  # strict decoding: the whole-file read names it
+    return obj
+
+
+_DECODER = json.JSONDecoder(parse_constant=_no_constants, object_pairs_hook=_object)
 
 
 def list_items(text: str) -> Iterator[Any]:
