@@ -47,6 +47,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/http_bench.py
 	$(BIN)/python bench/informer_bench.py
 	$(BIN)/python bench/audit_bench.py
+	$(BIN)/python bench/snapshot_bench.py
 
 # promtool (Debian's prometheus package) for the alert rules' unit tests.
 promtool:

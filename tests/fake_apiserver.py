@@ -207,8 +207,11 @@ class _Handler(BaseHTTPRequestHandler):
                     cluster.changed.wait(min(cluster.bookmark_every, max(0.0, deadline - time.monotonic())))
                     pending = [(rv, line) for rv, line in cluster.log[resource] if rv > since]
                 current = cluster.rv
+            batch: list[bytes] = []
             for rv, line in pending:
                 if fault is not None and sent >= fault.after:
+                    self._chunks(batch)
+                    batch = []
                     if fault.kind == "drop":
                         return self._abort()
                     if fault.kind == "malformed":
@@ -219,9 +222,10 @@ class _Handler(BaseHTTPRequestHandler):
                         return self._abort()
                     if fault.kind == "slow":
                         time.sleep(fault.seconds)
-                self._chunk(line)
+                batch.append(line)
                 sent += 1
                 since = rv
+            self._chunks(batch)
             if time.monotonic() - last_bookmark >= cluster.bookmark_every:
                 bookmark = {
                     "type": "BOOKMARK",
@@ -232,8 +236,13 @@ class _Handler(BaseHTTPRequestHandler):
         self._chunk(b"")  # the server-side timeout: a normal end of the watch
 
     def _chunk(self, data: bytes) -> None:
-        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
-        self.wfile.flush()
+        self._chunks([data])
+
+    def _chunks(self, events: list[bytes]) -> None:
+        """One HTTP chunk per event, as the API server writes them, in one write per batch."""
+        if events:
+            self.wfile.write(b"".join(b"%x\r\n%s\r\n" % (len(data), data) for data in events))
+            self.wfile.flush()
 
     def _abort(self) -> None:
         self.close_connection = True

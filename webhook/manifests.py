@@ -134,13 +134,16 @@ def _objects(raw: Any, where: Location) -> Iterator[Document | ManifestError]:
     items = raw.get("items")
     if raw["kind"].endswith("List") and isinstance(items, list):
         for i, item in enumerate(items, start=1):
-            at = Location(where.file, where.document, i)
-            if not isinstance(item, Mapping) or (problem := _missing_type(item)):
-                yield ManifestError(at, problem or "expected a Kubernetes object (a mapping)")
-            else:
-                yield Document(at, item)
+            yield list_item(item, Location(where.file, where.document, i))
         return
     yield Document(where, raw)
+
+
+def list_item(item: Any, at: Location) -> Document | ManifestError:
+    """One element of a ``List``'s items: an object, or the error that says why it is not."""
+    if not isinstance(item, Mapping) or (problem := _missing_type(item)):
+        return ManifestError(at, problem or "expected a Kubernetes object (a mapping)")
+    return Document(at, item)
 
 
 def _missing_type(obj: Mapping[str, Any]) -> str | None:

@@ -5,6 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+# ``isinstance(x, (dict, Mapping))`` answers for a dict in C, without the ABC's Python-level
+# ``__instancecheck__``: it matters on the per-pod paths of the informer and snapshot loader.
+MAPPING = (dict, Mapping)
+
 
 class FieldError(ValueError):
     """An object field holds a value Kubernetes would reject (e.g. a malformed quantity).
@@ -24,6 +28,6 @@ def mapping_at(obj: Mapping[str, Any], key: str, field: str) -> Mapping[str, Any
     value = obj.get(key)
     if value is None:
         return {}
-    if not isinstance(value, Mapping):
+    if not isinstance(value, MAPPING):
         raise FieldError(field, "must be a mapping")
     return value

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from functools import lru_cache
 from typing import Any
 
-from .errors import FieldError
+from .errors import MAPPING, FieldError
 from .quantity import QuantityError, base_units, parse_quantity
 
 ResourceVector = dict[str, int]
@@ -53,18 +54,31 @@ def resource_list(values: object, field: str) -> ResourceVector:
     """Parse a ``ResourceList`` mapping into integer base units; errors name the field."""
     if values is None:
         return {}
-    if not isinstance(values, Mapping):
+    if not isinstance(values, MAPPING):
         raise FieldError(field, "must be a mapping of resource name to quantity")
     vector: ResourceVector = {}
     for name, raw in values.items():
         try:
-            amount = base_units(name, parse_quantity(raw))
+            if type(name) is str and type(raw) is str:
+                vector[name] = _string_amount(name, raw)
+            else:
+                vector[str(name)] = _amount(str(name), raw)
         except QuantityError as err:
             raise FieldError(f"{field}.{name}", str(err)) from None
-        if amount < 0:
-            raise FieldError(f"{field}.{name}", f"{raw!r} must not be negative")
-        vector[str(name)] = amount
     return vector
+
+
+@lru_cache(maxsize=16384)
+def _string_amount(name: str, raw: str) -> int:
+    """``_amount`` for the common case; a cluster's pods repeat a few hundred distinct quantities."""
+    return _amount(name, raw)
+
+
+def _amount(name: str, raw: object) -> int:
+    amount = base_units(name, parse_quantity(raw))
+    if amount < 0:
+        raise QuantityError(f"{raw!r} must not be negative")
+    return amount
 
 
 def container_requests(container: Mapping[str, Any], field: str) -> ResourceVector:
@@ -74,7 +88,7 @@ def container_requests(container: Mapping[str, Any], field: str) -> ResourceVect
     pod; templates in manifests have not been defaulted yet, so do it here.
     """
     resources = container.get("resources") or {}
-    if not isinstance(resources, Mapping):
+    if not isinstance(resources, MAPPING):
         raise FieldError(f"{field}.resources", "must be a mapping")
     limits = resource_list(resources.get("limits"), f"{field}.resources.limits")
     requests = resource_list(resources.get("requests"), f"{field}.resources.requests")
@@ -94,9 +108,14 @@ def max_into(total: ResourceVector, other: Mapping[str, int]) -> None:
 
 def containers(spec: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
     """``spec.containers`` or ``spec.initContainers`` as a list, rejecting other shapes."""
-    value = spec.get(key) or []
-    if not isinstance(value, list) or not all(isinstance(c, Mapping) for c in value):
+    value = spec.get(key)
+    if not value:
+        return []
+    if not isinstance(value, list):
         raise FieldError(f"spec.{key}", "must be a list of containers")
+    for item in value:
+        if not isinstance(item, MAPPING):
+            raise FieldError(f"spec.{key}", "must be a list of containers")
     return value
 
 

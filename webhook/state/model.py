@@ -196,6 +196,8 @@ class ClusterState:
 
     def set_pod(self, key: str, record: PodRecord | None) -> None:
         """Add, replace, or (with ``None``, a terminal pod) remove the pod stored under ``key``."""
+        if record is not None and self.pods.get(key) == record:
+            return  # most watch events change status or labels, nothing a check reads
         self.remove_pod(key)
         if record is None:
             return

@@ -1,11 +1,18 @@
-"""Cluster state from ``kubectl get nodes,pods -A -o yaml|json`` files."""
+"""Cluster state from ``kubectl get nodes,pods -A -o yaml|json`` files.
+
+A big cluster's JSON snapshot is streamed item by item (``json_items``), so only compact
+records are kept and peak memory stays near the size of the file's text; every other input
+is read the ordinary way, with the same records and the same errors.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from pathlib import Path
 
+from ..json_items import NotStreamable, list_items
 from ..kube.errors import FieldError
-from ..manifests import ManifestError, read_documents
+from ..manifests import Document, Location, ManifestError, list_item, manifest_files, read_documents
 from .model import ClusterState, node_from, object_key, pod_record
 
 
@@ -19,9 +26,17 @@ class SnapshotError(ValueError):
 
 def load_snapshot(paths: Iterable[str]) -> ClusterState:
     """Build a ``ClusterState`` from Node and Pod objects; other kinds are ignored."""
+    paths = list(paths)
+    try:
+        return _build(_streamed_documents(paths))
+    except NotStreamable:
+        return _build(read_documents(paths))
+
+
+def _build(documents: Iterable[Document | ManifestError]) -> ClusterState:
     state = ClusterState()
     problems: list[str] = []
-    for doc in read_documents(paths):
+    for doc in documents:
         if isinstance(doc, ManifestError):
             problems.append(str(doc))
             continue
@@ -36,3 +51,18 @@ def load_snapshot(paths: Iterable[str]) -> ClusterState:
     if problems:
         raise SnapshotError(problems)
     return state
+
+
+def _streamed_documents(paths: list[str]) -> Iterator[Document | ManifestError]:
+    """Documents of JSON ``List`` files, one item at a time; ``NotStreamable`` for any other file."""
+    for path in manifest_files(paths):
+        if isinstance(path, ManifestError) or path == "-":
+            raise NotStreamable("not a file")
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            raise NotStreamable("unreadable") from None
+        if not text.lstrip().startswith("{"):
+            raise NotStreamable("not JSON")
+        for number, item in enumerate(list_items(text), start=1):
+            yield list_item(item, Location(path, 1, number))
