@@ -52,8 +52,9 @@ bench: $(STAMP)
 # promtool (Debian's prometheus package) for the alert rules' unit tests.
 promtool:
 	@command -v promtool > /dev/null || { \
-	  if [ "$$(id -u)" = 0 ]; then apt-get install -y --no-install-recommends prometheus; \
-	  else sudo apt-get install -y --no-install-recommends prometheus; fi; } \
+	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  $$SUDO apt-get install -y --no-install-recommends prometheus \
+	  || { $$SUDO apt-get update && $$SUDO apt-get install -y --no-install-recommends prometheus; }; } \
 	  || { echo "promtool missing: install Debian's 'prometheus' package" >&2; exit 1; }
 
 # deploy/monitoring: promtool unit tests of the alerts; alert and dashboard metric names.

@@ -117,6 +117,10 @@ def promtool() -> str:
         install = ["sudo", "-n", *install]
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     result = subprocess.run(install, capture_output=True, text=True, env=env, check=False)
+    if result.returncode != 0:  # a fresh machine has no package lists yet
+        update = [*install[: install.index("install")], "update"]
+        subprocess.run(update, capture_output=True, text=True, env=env, check=False)
+        result = subprocess.run(install, capture_output=True, text=True, env=env, check=False)
     found = shutil.which("promtool")
     if not found:
         pytest.fail(
