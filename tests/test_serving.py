@@ -182,3 +182,16 @@ def _metric(server, name: str, **labels: str) -> float:
     text = conn.getresponse().read().decode()
     conn.close()
     return metric_sum(text, name, **labels)
+
+
+def test_a_graceful_shutdown_writes_every_decision_line(tmp_path):
+    with live_server(tmp_path, "--cluster", str(EXAMPLES / "cluster")) as s:
+        conn = s.connect()
+        for _ in range(200):
+            status, _reply = post_json(conn, "/validate", example("incident-1-pinned-deployment"))
+            assert status == 200
+        conn.close()
+    decisions = [
+        line for line in s.log.read_text().splitlines() if line.startswith("{") and '"decision"' in line
+    ]
+    assert len(decisions) == 200

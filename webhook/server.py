@@ -18,6 +18,7 @@ from werkzeug.exceptions import HTTPException
 from . import admission
 from .admission import MUTATE, VALIDATE, AdmissionRequest, Outcome, ReviewError
 from .config import Config
+from .decision_log import flush_decision_lines, log_lines_in_background
 from .metrics import Metrics
 from .state.source import StateSource
 
@@ -160,14 +161,13 @@ def _log_line(endpoint: str, outcome: Outcome, latency: float) -> str:
 
 
 def log_decisions_to_stderr() -> None:
-    """Decision lines go to stderr as bare JSON (one per line), for the log pipeline."""
-    log = logging.getLogger(DECISION_LOG)
-    if not log.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        log.addHandler(handler)
-        log.setLevel(logging.INFO)
-        log.propagate = False
+    """Decision lines go to stderr as bare JSON (one per line), written off the request thread."""
+    log_lines_in_background(logging.getLogger(DECISION_LOG), sys.stderr)
+
+
+def flush_decisions() -> None:
+    """Write the decision lines still queued (a worker is exiting)."""
+    flush_decision_lines(logging.getLogger(DECISION_LOG))
 
 
 def _drain(stream, remaining: int) -> None:

@@ -22,7 +22,7 @@ from gunicorn.app.base import BaseApplication
 
 from .cert_metrics import record_certificate_expiry
 from .metrics import worker_exited
-from .server import SOURCE_EXTENSION
+from .server import SOURCE_EXTENSION, flush_decisions
 
 log = logging.getLogger(__name__)
 
@@ -86,8 +86,9 @@ def server_context(cert: Path, key: Path) -> ssl.SSLContext:
     return context
 
 
-def _close_state_source(worker) -> None:
-    """Stop the worker's informer (its watches) before the process exits."""
+def _worker_exit(worker) -> None:
+    """Stop the worker's informer (its watches) and write its last decision lines."""
+    flush_decisions()
     extensions = getattr(getattr(worker, "wsgi", None), "extensions", {})
     source = extensions.get(SOURCE_EXTENSION)
     if source is not None:
@@ -117,7 +118,7 @@ class GuardServer(BaseApplication):
             "keyfile": str(certificates.key),
             "ssl_context": lambda conf, default_factory: certificates.context(),
             "child_exit": lambda server, worker: worker_exited(worker.pid),
-            "worker_exit": lambda server, worker: _close_state_source(worker),
+            "worker_exit": lambda server, worker: _worker_exit(worker),
             "loglevel": opts.log_level,
             "errorlog": "-",
             "accesslog": None,

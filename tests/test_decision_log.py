@@ -1,0 +1,82 @@
+"""Decision lines are written by a thread of their own, and none is lost when a worker exits."""
+
+import io
+import logging
+import threading
+
+from webhook.decision_log import BackgroundLines, flush_decision_lines, log_lines_in_background
+
+
+def _logger(name: str, stream) -> logging.Logger:
+    logger = logging.getLogger(f"test.decision_log.{name}")
+    logger.handlers.clear()
+    log_lines_in_background(logger, stream)
+    return logger
+
+
+def test_every_line_is_written_in_order_once_flushed():
+    stream = io.StringIO()
+    logger = _logger("order", stream)
+    for n in range(5000):
+        logger.info('{"n": %d}', n)
+    flush_decision_lines(logger)
+    assert stream.getvalue().splitlines() == [f'{{"n": {n}}}' for n in range(5000)]
+
+
+def test_lines_from_many_request_threads_are_all_written_whole():
+    stream = io.StringIO()
+    logger = _logger("threads", stream)
+
+    def requests(worker: int) -> None:
+        for n in range(500):
+            logger.info("worker=%d n=%d", worker, n)
+
+    threads = [threading.Thread(target=requests, args=(w,)) for w in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    flush_decision_lines(logger)
+    lines = stream.getvalue().splitlines()
+    assert sorted(lines) == sorted(f"worker={w} n={n}" for w in range(8) for n in range(500))
+
+
+def test_the_request_thread_does_not_write_to_the_stream():
+    writers: list[str] = []
+    written = threading.Event()
+
+    class Recording(io.StringIO):
+        def write(self, text):
+            writers.append(threading.current_thread().name)
+            written.set()
+            return super().write(text)
+
+    logger = _logger("thread", Recording())
+    logger.info("one decision")
+    assert written.wait(timeout=10)
+    flush_decision_lines(logger)
+    assert writers[0] == "decision-log"
+
+
+def test_a_closed_log_stream_does_not_fail_the_decision():
+    stream = io.StringIO()
+    logger = _logger("closed", stream)
+    stream.close()
+    logger.info("still decided")
+    flush_decision_lines(logger)  # no exception
+
+
+def test_logging_after_a_flush_starts_a_new_writer():
+    stream = io.StringIO()
+    logger = _logger("restart", stream)
+    logger.info("before")
+    flush_decision_lines(logger)
+    logger.info("after")
+    flush_decision_lines(logger)
+    assert stream.getvalue().splitlines() == ["before", "after"]
+
+
+def test_installing_twice_keeps_one_handler():
+    logger = _logger("twice", io.StringIO())
+    log_lines_in_background(logger, io.StringIO())
+    assert sum(isinstance(h, BackgroundLines) for h in logger.handlers) == 1

@@ -1,0 +1,119 @@
+"""Decision log lines written by a thread of their own, so a request never waits on stderr.
+
+A synchronous ``StreamHandler`` writes under the logging lock on every request: profiled under
+load it was a tenth of the workers' CPU, and a slow log pipeline would stall decisions. The
+request thread only appends the line to a queue; one writer thread per process drains the queue
+in batches. ``flush`` (called when a gunicorn worker exits, and at interpreter exit) writes what
+is queued before the process ends, so a graceful shutdown loses no line.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import queue
+import threading
+from typing import TextIO
+
+_STOP = object()
+
+
+class BackgroundLines(logging.Handler):
+    """A logging handler that hands each formatted line to a writer thread."""
+
+    def __init__(self, stream: TextIO) -> None:
+        super().__init__()
+        self.stream = stream
+        self._lines: queue.SimpleQueue = queue.SimpleQueue()
+        self._writer: threading.Thread | None = None
+        self._pid = 0
+        self._start_lock = threading.Lock()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            line = self.format(record)
+        except Exception:  # a broken record must not fail the request
+            self.handleError(record)
+            return
+        self._ensure_writer()
+        self._lines.put(line)
+
+    def flush(self) -> None:
+        """Write every queued line and stop the writer; a later line starts a new one."""
+        with self._start_lock:
+            writer, self._writer = self._writer, None
+        if writer is not None and self._pid == os.getpid():
+            self._lines.put(_STOP)
+            writer.join(timeout=5)
+        self._write_pending()
+
+    def _ensure_writer(self) -> None:
+        # Threads do not survive a fork: each gunicorn worker starts its own writer.
+        if self._writer is not None and self._pid == os.getpid():
+            return
+        with self._start_lock:
+            if self._writer is None or self._pid != os.getpid():
+                if self._pid not in (0, os.getpid()):
+                    self._lines = queue.SimpleQueue()  # the parent's lines are the parent's to write
+                self._pid = os.getpid()
+                self._writer = threading.Thread(target=self._drain, name="decision-log", daemon=True)
+                self._writer.start()
+
+    def _drain(self) -> None:
+        while True:
+            line = self._lines.get()
+            if line is _STOP:
+                return
+            batch = [line]
+            while len(batch) < 512:
+                try:
+                    line = self._lines.get_nowait()
+                except queue.Empty:
+                    break
+                if line is _STOP:
+                    self._write(batch)
+                    return
+                batch.append(line)
+            self._write(batch)
+
+    def _write_pending(self) -> None:
+        batch = []
+        while True:
+            try:
+                line = self._lines.get_nowait()
+            except queue.Empty:
+                break
+            if line is not _STOP:
+                batch.append(line)
+        self._write(batch)
+
+    def _write(self, batch: list[str]) -> None:
+        if not batch:
+            return
+        try:
+            self.stream.write("\n".join(batch) + "\n")
+            self.stream.flush()
+        except (OSError, ValueError):  # the log pipe is gone; decisions must go on
+            pass
+
+
+def log_lines_in_background(logger: logging.Logger, stream: TextIO) -> BackgroundLines:
+    """Send ``logger``'s lines (bare messages) to ``stream`` through a writer thread."""
+    for handler in logger.handlers:
+        if isinstance(handler, BackgroundLines):
+            return handler
+    handler = BackgroundLines(stream)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    atexit.register(handler.flush)
+    return handler
+
+
+def flush_decision_lines(logger: logging.Logger) -> None:
+    """Write out what the logger's background handlers still hold (a worker is exiting)."""
+    for handler in logger.handlers:
+        if isinstance(handler, BackgroundLines):
+            handler.flush()
