@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -21,6 +21,7 @@ from .state.source import Readiness
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 _UPDATED = "admit_guard_state_last_update_timestamp_seconds"
+STATE_OBSERVE_INTERVAL = 1.0  # seconds between state gauge updates from the request path
 # Decisions take tens of microseconds; the apiserver's budget is seconds.
 _LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
@@ -98,6 +99,15 @@ class Metrics:
             registry=registry,
         )
         self.audit = AuditGauges(registry)
+        self._state_observed_at = float("-inf")
+
+    def observe_state_now_and_then(self, readiness: Callable[[], Readiness], source: str) -> None:
+        """``observe_state`` at most once a second: four multi-process file writes per request
+        cost more than the decision, and a scrape observes the state itself anyway."""
+        now = time.monotonic()
+        if now - self._state_observed_at >= STATE_OBSERVE_INTERVAL:
+            self._state_observed_at = now
+            self.observe_state(readiness(), source)
 
     def observe_state(self, readiness: Readiness, source: str) -> None:
         self.state_objects.labels("node").set(readiness.nodes)

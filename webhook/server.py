@@ -77,7 +77,7 @@ def create_app(
         _record(metrics, endpoint, outcome, latency)
         if log.isEnabledFor(logging.INFO):
             log.info(_log_line(endpoint, outcome, latency))
-        metrics.observe_state(source.readiness(), source_name)
+        metrics.observe_state_now_and_then(source.readiness, source_name)
         return Response(outcome.body(), mimetype="application/json")
 
     @app.post("/validate")
