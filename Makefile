@@ -48,6 +48,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/informer_bench.py
 	$(BIN)/python bench/audit_bench.py
 	$(BIN)/python bench/snapshot_bench.py
+	$(BIN)/python bench/quantity_bench.py
 
 # promtool (Debian's prometheus package) for the alert rules' unit tests.
 promtool:

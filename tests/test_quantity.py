@@ -27,10 +27,13 @@ def kubernetes_quantities(draw) -> str:
 
 
 def client_value(text) -> Fraction:
-    """The client's value computed exactly (its Decimal context rounds past 28 digits)."""
+    """The client's value computed exactly (its Decimal context rounds past 28 digits), with
+    magnitudes past 10**±40 saturated as the guard does."""
     with localcontext() as ctx:
         ctx.prec = 200
-        return Fraction(client_parse_quantity(text))
+        value = Fraction(client_parse_quantity(text))
+    magnitude = min(max(abs(value), Fraction(1, 10**40)), Fraction(10**40)) if value else value
+    return magnitude if value >= 0 else -magnitude
 
 
 @given(kubernetes_quantities())
@@ -45,6 +48,29 @@ def test_parser_accepts_nothing_the_kubernetes_client_would_refuse(text):
     except QuantityError:
         return
     assert ours == client_value(text)
+
+
+@pytest.mark.parametrize(
+    "text", ["1" * 5000 + "x", "1" * 50_000 + "x", "1." + "1" * 50_000 + "e", "1e" + "9" * 50_000 + "x"]
+)
+def test_a_long_malformed_quantity_is_an_error_not_a_hang(text):
+    with pytest.raises(QuantityError, match=r"\(\d+ characters\)"):
+        parse_quantity(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "millicores"),
+    [
+        ("1e31", 10**34),  # accepted by the API server: far beyond any node, so OutOfcpu
+        ("1e999999999999", 10**43),  # saturates: any exponent compares as huge
+        ("1" * 5000, 10**43),
+        ("1e-31", 1),  # a positive request rounds up to one millicore, as MilliValue does
+        ("0e99999", 0),
+        ("-1e31", -(10**34)),
+    ],
+)
+def test_quantities_with_any_exponent_or_length_parse_and_saturate(text, millicores):
+    assert base_units("cpu", parse_quantity(text)) == millicores
 
 
 @given(st.integers(min_value=0, max_value=2**62))

@@ -10,12 +10,14 @@ kubelet's ``MilliValue``/``Value`` do.
 from __future__ import annotations
 
 import re
+from decimal import ROUND_CEILING, Context, Decimal
 from fractions import Fraction
 from functools import lru_cache
 
+# Each part has one way to match, so a failed match costs linear time (no backtracking).
 _QUANTITY = re.compile(
-    r"(?P<sign>[+-]?)(?P<number>[0-9]+\.?[0-9]*|\.[0-9]+)"
-    r"(?:(?P<exp>[eE][+-]?[0-9]+)|(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E))?"
+    r"(?P<sign>[+-]?)(?P<number>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)"
+    r"(?:[eE](?P<exp>[+-]?[0-9]+)|(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E))?"
 )
 _SUFFIX = {
     "Ki": Fraction(1024),
@@ -34,8 +36,14 @@ _SUFFIX = {
     "P": Fraction(10**15),
     "E": Fraction(10**18),
 }
-# Exponents beyond this are not real resources and would make Fraction arithmetic explode.
-_MAX_EXPONENT = 30
+# The API server accepts exponents of any size (``1e31``, ``1e-40``). Past 10**±LIMIT a value
+# saturates: far beyond any node's allocatable it still compares as huge (the kubelet would say
+# OutOf...), far below a nano-unit it still rounds up to one unit, and the arithmetic stays small.
+_LIMIT = 40
+_HUGE = Fraction(10**_LIMIT)
+_TINY = Fraction(1, 10**_LIMIT)
+# Enough significant digits that rounding up cannot change a value in base units (nano-cpu).
+_DIGITS = Context(prec=2 * _LIMIT + 20, rounding=ROUND_CEILING)
 
 
 class QuantityError(ValueError):
@@ -60,16 +68,32 @@ def parse_quantity(value: object) -> Fraction:
 def _parse(text: str) -> Fraction:
     match = _QUANTITY.fullmatch(text)
     if match is None:
-        raise QuantityError(f"{text!r} is not a quantity (expected e.g. 500m, 2, 1.5Gi, 1e3)")
-    number = Fraction(match["number"])
-    if match["exp"]:
-        exponent = int(match["exp"][1:])
-        if abs(exponent) > _MAX_EXPONENT:
-            raise QuantityError(f"{text!r} is out of range")
-        number *= Fraction(10) ** exponent
-    elif match["suffix"]:
-        number *= _SUFFIX[match["suffix"]]
-    return -number if match["sign"] == "-" else number
+        shown = text if len(text) <= 40 else f"{text[:40]}... ({len(text)} characters)"
+        raise QuantityError(f"{shown!r} is not a quantity (expected e.g. 500m, 2, 1.5Gi, 1e3)")
+    # Decimal reads any number of digits (int() refuses more than 4,300).
+    number = _DIGITS.plus(Decimal(match["number"]))
+    value = _scaled(number, _exponent(match["exp"]) if match["exp"] else 0)
+    if match["suffix"]:
+        value = min(value * _SUFFIX[match["suffix"]], _HUGE)
+    return -value if match["sign"] == "-" else value
+
+
+def _exponent(digits: str) -> int:
+    """The exponent, clamped just past the saturation limit (it may have thousands of digits)."""
+    sign = -1 if digits.startswith("-") else 1
+    digits = digits.lstrip("+-").lstrip("0") or "0"
+    return sign * (min(int(digits), 4 * _LIMIT) if len(digits) <= 6 else 4 * _LIMIT)
+
+
+def _scaled(number: Decimal, exponent: int) -> Fraction:
+    if not number:
+        return Fraction(0)
+    magnitude = number.adjusted() + exponent
+    if magnitude > _LIMIT:
+        return _HUGE
+    if magnitude < -_LIMIT:
+        return _TINY
+    return Fraction(number) * Fraction(10) ** exponent
 
 
 def ceil_int(value: Fraction) -> int:
