@@ -8,7 +8,6 @@ import pytest
 from tests.builders import container, deployment, node, pod
 from webhook.config import Config, config_from_dict
 from webhook.engine import evaluate
-from webhook.kube.errors import FieldError
 from webhook.state import ClusterState, node_from, pod_record
 
 
@@ -241,6 +240,13 @@ def test_other_kinds_and_custom_jobs_pass_untouched(state):
 
 def test_malformed_quantity_in_a_template_names_the_full_field(state):
     obj = deployment({"containers": [container(requests={"cpu": "two"})]})
-    with pytest.raises(FieldError) as err:
-        evaluate(obj, "CREATE", state, Config())
-    assert err.value.field == "spec.template.spec.containers[0].resources.requests.cpu"
+    decision = evaluate(obj, "CREATE", state, Config())
+    assert decision.unreadable.field == "spec.template.spec.containers[0].resources.requests.cpu"
+    assert decision.unchecked == ["deviceScheduler", "nodeAdmission"]
+
+
+def test_an_unreadable_request_does_not_let_a_pinned_template_through(state):
+    obj = deployment({"nodeName": "gpu-1", "containers": [container(requests={"cpu": "two"})]})
+    decision = evaluate(obj, "CREATE", state, Config())
+    assert [v.reason for v in decision.violations] == ["PinnedNodeName"]
+    assert "Node capacity was not checked" in decision.violations[0].message

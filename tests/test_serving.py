@@ -92,7 +92,7 @@ def test_dry_run_is_answered_but_not_counted(server):
 
 def test_excluded_namespace_is_allowed_untouched(server):
     pinned = example("pod-host-port-conflict")
-    pinned["request"]["object"]["metadata"]["namespace"] = "ops"
+    pinned["request"]["namespace"] = pinned["request"]["object"]["metadata"]["namespace"] = "ops"
     assert review(server, "validate", pinned) == {"uid": pinned["request"]["uid"], "allowed": True}
 
 

@@ -16,7 +16,7 @@ import jsonpatch
 import orjson
 
 from .config import Config
-from .engine import Decision, evaluate
+from .engine import Decision, Violation, evaluate
 from .kube.errors import FieldError
 from .state import ClusterState
 
@@ -43,6 +43,11 @@ class AdmissionRequest:
     user: str
     groups: tuple[str, ...]
     dry_run: bool
+    # From the API server (``request.kind``, ``request.resource``), not from the object: an
+    # object's own ``kind`` or namespace is whatever its author wrote.
+    api_version: str = ""
+    resource: str = ""
+    sub_resource: str = ""
 
 
 @dataclass(slots=True)
@@ -98,8 +103,8 @@ def parse_review(body: bytes) -> AdmissionRequest:
     old_obj = request.get("oldObject")
     if old_obj is not None and not isinstance(old_obj, dict):
         raise ReviewError("request.oldObject: not an object")
-    kind = request.get("kind")
-    kind = kind.get("kind") if isinstance(kind, dict) else None
+    kind, api_version = _kind(request, obj)
+    resource = _mapping(request, "resource")
     user_info = request.get("userInfo") or {}
     if not isinstance(user_info, dict):
         raise ReviewError("request.userInfo: not an object")
@@ -112,7 +117,7 @@ def parse_review(body: bytes) -> AdmissionRequest:
     return AdmissionRequest(
         uid=uid,
         operation=operation,
-        kind=kind if isinstance(kind, str) else str((obj or {}).get("kind") or ""),
+        kind=kind,
         namespace=_string(request, "namespace"),
         name=_string(request, "name") or _generated_name(obj),
         obj=obj,
@@ -120,7 +125,31 @@ def parse_review(body: bytes) -> AdmissionRequest:
         user=_string(user_info, "username", "request.userInfo.username"),
         groups=tuple(groups),
         dry_run=dry_run,
+        api_version=api_version,
+        resource=_string(resource, "resource", "request.resource.resource"),
+        sub_resource=_string(request, "subResource"),
     )
+
+
+def _kind(request: Mapping[str, Any], obj: Mapping[str, Any] | None) -> tuple[str, str]:
+    """``(kind, apiVersion)`` from ``request.kind``; from the object only in hand-written
+    reviews that lack it (the API server always sends it)."""
+    kind = _mapping(request, "kind")
+    if kind:
+        group = _string(kind, "group", "request.kind.group")
+        version = _string(kind, "version", "request.kind.version")
+        return _string(kind, "kind", "request.kind.kind"), f"{group}/{version}" if group else version
+    obj = obj or {}
+    return str(obj.get("kind") or ""), str(obj.get("apiVersion") or "")
+
+
+def _mapping(data: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    value = data.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ReviewError(f"request.{key}: not an object")
+    return value
 
 
 def review(
@@ -140,22 +169,28 @@ def review(
     outcome = Outcome(request, response)
     if request.obj is None or request.operation not in ("CREATE", "UPDATE"):
         return outcome
+    if request.sub_resource:
+        return outcome  # status, scale, ephemeral containers: not a new pod spec to judge
     try:
         decision = evaluate(
-            _with_namespace(request.obj, request.namespace),
+            as_requested(request.obj, request),
             request.operation,
             state,
             config,
-            old_object=request.old_obj,
+            old_object=as_requested(request.old_obj, request) if request.old_obj else None,
             user=request.user,
             groups=request.groups,
             state_unavailable=state_unavailable,
         )
+        patch = _effective_patch(request.obj, decision.patch) if endpoint == MUTATE else None
     except FieldError as err:
         return unchecked(request, endpoint, f"{request.kind} field {err}", config)
+    except RecursionError:
+        return unchecked(request, endpoint, f"{request.kind}: object nested too deeply to read", config)
     outcome.decision = decision
+    if decision.unchecked:
+        _answer_unchecked(outcome, endpoint, decision, config)
     if endpoint == MUTATE:
-        patch = _effective_patch(request.obj, decision.patch)
         if patch:
             response["patchType"] = "JSONPatch"
             response["patch"] = base64.b64encode(orjson.dumps(patch)).decode()
@@ -164,7 +199,7 @@ def review(
         return outcome
     denied = [*decision.violations, *decision.fixed]
     if decision.warnings:
-        response["warnings"] = list(decision.warnings)
+        response.setdefault("warnings", []).extend(decision.warnings)
     outcome.reasons = [v.reason for v in (*denied, *decision.audited)]
     if denied:
         response["allowed"] = False
@@ -192,16 +227,37 @@ def denial_message(decision: Decision) -> str:
 def unchecked(request: AdmissionRequest, endpoint: str, problem: str, config: Config) -> Outcome:
     """The answer when the guard could not decide: per ``failOpen``, from ``validate`` only."""
     outcome = Outcome(request, {"uid": request.uid, "allowed": True}, error=problem)
-    if endpoint == MUTATE:
-        return outcome
+    if endpoint != MUTATE:
+        _per_fail_open(outcome.response, problem, config)
+    return outcome
+
+
+def _per_fail_open(response: dict[str, Any], problem: str, config: Config) -> None:
     if config.fail_open:
-        outcome.response["warnings"] = [
+        response["warnings"] = [
             f"admit-guard could not check this object and allowed it (failOpen): {problem}"
         ]
     else:
-        outcome.response["allowed"] = False
-        outcome.response["status"] = {"code": 422, "reason": "Invalid", "message": f"admit-guard: {problem}"}
-    return outcome
+        response["allowed"] = False
+        response["status"] = {"code": 422, "reason": "Invalid", "message": f"admit-guard: {problem}"}
+
+
+def _answer_unchecked(outcome: Outcome, endpoint: str, decision: Decision, config: Config) -> None:
+    """Policies that needed an unreadable field did not run: answer for them per failOpen.
+
+    The policies that did run keep their verdict: an unreadable request elsewhere in the pod
+    never lets a pinned template through.
+    """
+    skipped = ", ".join(decision.unchecked)
+    problem = f"{outcome.request.kind} field {decision.unreadable} (not checked: {skipped})"
+    outcome.error = problem
+    if endpoint == MUTATE:
+        return
+    if decision.violations or decision.fixed:
+        if not config.fail_open:
+            decision.violations.append(Violation("failOpen", "Invalid", problem))
+        return
+    _per_fail_open(outcome.response, problem, config)
 
 
 def _effective_patch(obj: Mapping[str, Any], patch: list[dict[str, Any]] | None) -> list | None:
@@ -211,12 +267,21 @@ def _effective_patch(obj: Mapping[str, Any], patch: list[dict[str, Any]] | None)
     return patch if jsonpatch.apply_patch(obj, patch) != obj else None
 
 
-def _with_namespace(obj: Mapping[str, Any], namespace: str) -> Mapping[str, Any]:
-    """On CREATE the namespace may only be in the request; the policies need it on the object."""
+def as_requested(obj: Mapping[str, Any], request: AdmissionRequest) -> Mapping[str, Any]:
+    """The object with the API server's kind and namespace: the policies read only its spec
+    from the author. (On CREATE the namespace may be only in the request.)"""
     metadata = obj.get("metadata")
-    if not namespace or not isinstance(metadata, dict) or metadata.get("namespace"):
-        return obj
-    return {**obj, "metadata": {**metadata, "namespace": namespace}}
+    if metadata is None:
+        metadata = {}
+    if not isinstance(metadata, dict):
+        raise FieldError("metadata", "must be a mapping")
+    authoritative = dict(obj)
+    if request.kind:
+        authoritative["kind"] = request.kind
+        authoritative["apiVersion"] = request.api_version
+    if request.namespace:
+        authoritative["metadata"] = {**metadata, "namespace": request.namespace}
+    return authoritative
 
 
 def _generated_name(obj: Mapping[str, Any] | None) -> str:

@@ -161,6 +161,8 @@ def check(files, cluster, config_path, output, operation, user, groups, kubeconf
             continue
         try:
             decision = evaluate(doc.obj, operation, state, config, user=user, groups=tuple(groups))
+            if decision.unreadable:
+                raise decision.unreadable
         except FieldError as err:
             errors.append(ManifestError(doc.location, f"{doc.obj['kind']}: field {err}"))
             continue

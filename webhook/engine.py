@@ -40,6 +40,10 @@ class Decision:
     patch: list[dict[str, Any]] | None = None
     audited: list[Violation] = field(default_factory=list)
     fixed: list[Violation] = field(default_factory=list)
+    # The pod's fields could not be read: the policies that needed them did not run (named
+    # in ``unchecked``); the others did. The caller answers those per failOpen.
+    unreadable: FieldError | None = None
+    unchecked: list[str] = field(default_factory=list)
 
     @property
     def fix_notes(self) -> list[str]:
@@ -62,7 +66,9 @@ def evaluate(
     groups: tuple[str, ...] = (),
     state_unavailable: str | None = None,
 ) -> Decision:
-    """Decide on one object. Raises ``FieldError`` (with the full field path) on bad input.
+    """Decide on one object. Raises ``FieldError`` (with the full field path) when the object
+    has no readable pod at all; a pod whose fields are unreadable (a malformed quantity) is
+    still judged by the policies that do not need them (``Decision.unreadable``).
 
     ``state`` None means "no cluster state": checks that need node state become warnings.
     ``state_unavailable`` says why live state should have been there but is not usable (not
@@ -79,9 +85,12 @@ def evaluate(
     old_shape = pod_shape(old_object) if operation == "UPDATE" and old_object else None
     review = _review(obj, operation, old_shape)
     patch: list[dict[str, Any]] = []
-    for name, run in _POLICIES:
+    for name, needs_pod, run in _POLICIES:
         mode = config.mode(name)
         if mode == "off" or any(e.covers(name, namespace, user, groups) for e in config.exemptions):
+            continue
+        if needs_pod and review.pod is None:
+            decision.unchecked.append(name)
             continue
         for finding in run(review, state, config, state_unavailable):
             fix = _apply(decision, name, mode, finding)
@@ -91,6 +100,7 @@ def evaluate(
                 review = _review(jsonpatch.apply_patch(review.obj, list(fix)), operation, old_shape)
     decision.allowed = not decision.violations
     decision.patch = patch or None
+    decision.unreadable = review.unreadable if decision.unchecked else None
     return decision
 
 
@@ -115,21 +125,24 @@ def _review(obj: Mapping[str, Any], operation: str, old_shape) -> Review:
     try:
         pod = PodUnderReview.from_shape(shape)
     except FieldError as err:
-        if not shape.path:
-            raise
         prefix = shape.path.lstrip("/").replace("/", ".")
-        raise FieldError(f"{prefix}.{err.field}", err.message) from None
+        unreadable = FieldError(f"{prefix}.{err.field}", err.message) if prefix else err
+        return Review(obj, shape, None, operation, old_shape, unreadable)
     return Review(obj, shape, pod, operation, old_shape)
 
 
+# (name, needs the pod's fields, check). ``pinnedNodeName`` judges the template's nodeName
+# alone, so an unreadable request elsewhere in the pod cannot make it fail open.
 _POLICIES = (
-    (pinned_node_name.NAME, lambda review, state, config, _: pinned_node_name.check(review, state)),
+    (pinned_node_name.NAME, False, lambda review, state, config, _: pinned_node_name.check(review, state)),
     (
         device_scheduler.NAME,
+        True,
         lambda review, state, config, _: device_scheduler.check(review, state, config.device_scheduler),
     ),
     (
         node_admission.NAME,
+        True,
         lambda review, state, config, unavailable: node_admission.check(
             review, state, config.node_admission, unavailable, config.fail_open
         ),

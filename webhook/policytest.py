@@ -122,6 +122,8 @@ def run_case(test_file: TestFile, case: Case) -> CaseResult:
             user=case.user,
             groups=case.groups,
         )
+        if decision.unreadable:
+            raise decision.unreadable
     except FieldError as err:
         result.failures.append(f"the object is invalid: {err}")
         return result

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..checks import PodUnderReview
+from ..kube.errors import FieldError
 from ..kube.workloads import PodShape
 
 Patch = tuple[dict[str, Any], ...]
@@ -18,9 +19,10 @@ class Review:
 
     obj: Mapping[str, Any]
     shape: PodShape
-    pod: PodUnderReview
+    pod: PodUnderReview | None  # None when its fields are unreadable (see ``unreadable``)
     operation: str
     old_shape: PodShape | None = None
+    unreadable: FieldError | None = None
 
     @property
     def namespace(self) -> str:

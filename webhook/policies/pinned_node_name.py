@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..checks import kubelet_admission
+from ..kube.errors import FieldError
 from ..kube.selectors import is_empty_term
 from ..state import ClusterState
 from . import Finding, Patch, Review
@@ -32,7 +33,11 @@ def check(review: Review, state: ClusterState | None) -> list[Finding]:
         f"Pin the node with required node affinity on metadata.name or a nodeSelector on "
         f"kubernetes.io/hostname instead (mode fix rewrites it)."
     )
-    return [Finding(REASON, message, node=node, fix=node_affinity_patch(shape.path, shape.spec, node))]
+    try:
+        fix = node_affinity_patch(shape.path, shape.spec, node)
+    except FieldError as err:
+        return [Finding(REASON, f"{message} (Not fixed automatically: {err}.)", node=node)]
+    return [Finding(REASON, message, node=node, fix=fix)]
 
 
 def _field(shape) -> str:
@@ -42,6 +47,8 @@ def _field(shape) -> str:
 def _kubelet_verdict(review: Review, state: ClusterState | None, node_name: str) -> str:
     if state is None:
         return "(No cluster state given, so node capacity was not checked.)"
+    if review.pod is None:
+        return f"(Node capacity was not checked: {review.unreadable}.)"
     node = state.nodes.get(node_name)
     if node is None:
         return f"Node {node_name} is not in the cluster state: no kubelet would ever run its pods."
@@ -65,7 +72,9 @@ def node_affinity_patch(path: str, spec: Mapping[str, Any], node: str) -> Patch:
     ops: list[dict[str, Any]] = [{"op": "remove", "path": f"{pointer}/nodeName"}]
     current: Any = spec
     for depth, key in enumerate(_TERMS):
-        child = current.get(key) if isinstance(current, Mapping) else None
+        child = current.get(key)
+        if child and not isinstance(child, list if key == "nodeSelectorTerms" else Mapping):
+            raise FieldError(pointer.lstrip("/").replace("/", ".") + f".{key}", "malformed, cannot be fixed")
         if not child:
             value: Any = [{"matchFields": [requirement]}]
             for outer in reversed(_TERMS[depth + 1 :]):
@@ -73,6 +82,8 @@ def node_affinity_patch(path: str, spec: Mapping[str, Any], node: str) -> Patch:
             return (*ops, {"op": "add", "path": f"{pointer}/{key}", "value": value})
         current, pointer = child, f"{pointer}/{key}"
     for i, term in enumerate(current):
+        if not isinstance(term, Mapping):
+            raise FieldError(f"{pointer.lstrip('/').replace('/', '.')}[{i}]", "malformed, cannot be fixed")
         if is_empty_term(term):
             continue
         if isinstance(term.get("matchFields"), list):
