@@ -70,3 +70,26 @@ def test_serve_without_certificates_says_how_to_make_them(tmp_path):
     result = CliRunner().invoke(main, ["serve", "--cert-dir", str(tmp_path)])
     assert result.exit_code == 2
     assert "admit-guard certs" in result.output
+
+
+def test_a_symlink_planted_at_the_old_temporary_name_does_not_receive_the_ca_key(tmp_path):
+    out = tmp_path / "certs"
+    out.mkdir()
+    stolen = tmp_path / "stolen"
+    (out / ".ca.key.tmp").symlink_to(stolen)
+    issue("admit-guard", "admit-guard", out)
+    assert not stolen.exists()
+    assert not (out / "ca.key").is_symlink()
+    assert stat.S_IMODE((out / "ca.key").stat().st_mode) == 0o600
+
+
+def test_a_world_writable_file_in_the_directory_does_not_lend_its_mode_to_a_key(tmp_path):
+    out = tmp_path / "certs"
+    out.mkdir()
+    for name in ("ca.key", ".ca.key.tmp", "tls.key", ".tls.key.tmp"):
+        (out / name).write_bytes(b"old")
+        (out / name).chmod(0o666)
+    issue("admit-guard", "admit-guard", out)
+    for name in ("ca.key", "tls.key"):
+        assert stat.S_IMODE((out / name).stat().st_mode) == 0o600, name
+    assert not list(out.glob(".*.key.*.tmp"))

@@ -60,17 +60,17 @@ def test_every_object_validates_against_the_kubernetes_schemas(rendered, overlay
         kubernetes_validate.validate(doc, version, strict=True)
 
 
-def test_webhooks_exclude_system_namespaces_and_honour_the_opt_out_label(rendered):
+def test_webhooks_exclude_system_namespaces_and_only_namespaces_can_opt_out(rendered):
     for overlay, docs in rendered.items():
         for config in objects(docs, "ValidatingWebhookConfiguration") + objects(
             docs, "MutatingWebhookConfiguration"
         ):
             for hook in config["webhooks"]:
-                [expr] = hook["namespaceSelector"]["matchExpressions"]
-                assert expr["operator"] == "NotIn" and {"kube-system", "admit-guard"} <= set(expr["values"])
-                assert {"key": "admit-guard.io/skip", "operator": "DoesNotExist"} in hook["objectSelector"][
-                    "matchExpressions"
-                ]
+                names, opt_out = hook["namespaceSelector"]["matchExpressions"]
+                assert names["operator"] == "NotIn" and {"kube-system", "admit-guard"} <= set(names["values"])
+                assert opt_out == {"key": "admit-guard.io/skip", "operator": "NotIn", "values": ["true"]}
+                # An object's author must not be able to label their way past a deny.
+                assert "objectSelector" not in hook, (overlay, hook["name"])
                 assert hook["sideEffects"] == "NoneOnDryRun"
                 assert hook["admissionReviewVersions"] == ["v1"]
                 assert hook["timeoutSeconds"] <= 5

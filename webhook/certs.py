@@ -11,6 +11,7 @@ import base64
 import datetime as dt
 import ipaddress
 import os
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -119,9 +120,28 @@ def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
 
 
 def _write(path: Path, data: bytes, *, private: bool = False) -> None:
-    """Write through a temporary file and rename, so a reader never sees half a PEM."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if private else 0o644)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data)
-    os.replace(tmp, path)
+    """Write through a fresh temporary file and rename, so a reader never sees half a PEM.
+
+    The temporary name is unpredictable and created exclusively without following links
+    (``O_EXCL | O_NOFOLLOW``), with its mode set at creation: a symlink or a world-writable file
+    planted in the directory can neither receive a private key nor lend it its mode.
+    """
+    mode = 0o600 if private else 0o644
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(16):
+        tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+        try:
+            fd = os.open(tmp, flags, mode)
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise FileExistsError(f"{path.parent}: cannot create a temporary file for {path.name}")
+    try:
+        os.fchmod(fd, mode)  # the umask may have narrowed it; never widened past mode
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
