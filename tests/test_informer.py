@@ -216,8 +216,39 @@ def test_state_older_than_the_bound_is_not_trusted(server, cluster, tmp_path):
         time.sleep(0.5)
         with informer.reading() as view:
             assert view.state is None and "old" in view.unavailable
+        readiness = informer.readiness()
+        assert not readiness.ready and "old" in readiness.reason  # /readyz answers 503 with it
     finally:
         informer.stop()
+
+
+def test_readiness_returns_once_the_stale_state_hears_from_the_api_server_again(server, cluster, tmp_path):
+    cluster.bookmark_every = 60.0
+    api = ApiServer.connect(kubeconfig=server.kubeconfig(tmp_path / "kubeconfig"))
+    informer = Informer(api, Timing(page_size=2, max_age=0.5)).start()
+    try:
+        assert informer.wait_synced(10)
+        assert eventually(lambda: not informer.readiness().ready)
+        cluster.put("pods", pod("late", node_name="n0", requests={"cpu": "100m"}))
+        assert eventually(lambda: informer.readiness().ready, timeout=5)
+    finally:
+        informer.stop()
+
+
+def test_the_backoff_starts_small_again_once_the_api_server_answers(server, cluster, tmp_path):
+    cluster.inject("pods", *[Fault("http500") for _ in range(6)])
+    api = ApiServer.connect(kubeconfig=server.kubeconfig(tmp_path / "kubeconfig"))
+    informer = Informer(api, Timing(page_size=2, backoff_base=0.01, backoff_cap=0.5)).start()
+    try:
+        assert eventually(lambda: informer._failures.get("pods") == 6, timeout=10)
+        assert informer.wait_synced(10)
+        assert eventually(lambda: informer._failures.get("pods") == 0)
+    finally:
+        informer.stop()
+
+
+def test_the_default_backoff_is_capped_at_a_few_seconds():
+    assert Timing().backoff_cap <= 5
 
 
 def test_policies_that_need_no_state_still_apply_while_unsynced(informer):

@@ -41,7 +41,9 @@ class Timing:
     watch_timeout: int = 300  # seconds the API server keeps one watch open (jittered up to 2x)
     read_timeout: float = 120.0  # no byte (not even a bookmark) for this long: the stream stalled
     backoff_base: float = 0.5
-    backoff_cap: float = 30.0
+    # Short: readiness must come back within seconds of the API server's return. A failing
+    # server sees one request per kind and worker every few seconds, jittered.
+    backoff_cap: float = 5.0
     max_age: float = 300.0  # older state than this is not trusted for node checks
 
 
@@ -94,6 +96,7 @@ class Informer:
         self._heard_wall: float | None = None
         self._stop = threading.Event()
         self._responses: dict[str, Any] = {}
+        self._failures: dict[str, int] = {}  # consecutive failures per kind, for the backoff
         self._threads: list[threading.Thread] = []
 
     # -- the StateSource protocol -------------------------------------------------------
@@ -108,11 +111,12 @@ class Informer:
             yield StateView(self.state)
 
     def readiness(self) -> Readiness:
-        ready = self.synced
+        """Ready only while node checks would trust the state: synced and not too old."""
+        problem = self._unavailable()
         with self.lock:
             nodes, pods = len(self.state.nodes), len(self.state.pods)
-        reason = "nodes and pods listed and watched" if ready else self._unavailable() or ""
-        return Readiness(ready, reason, nodes, pods, self._heard_wall, self.relists)
+        reason = problem or "nodes and pods listed and watched"
+        return Readiness(problem is None, reason, nodes, pods, self._heard_wall, self.relists)
 
     def close(self) -> None:
         self.stop()
@@ -164,14 +168,13 @@ class Informer:
 
     def _run(self, kind: _Kind) -> None:
         resource_version = ""
-        failures = 0
         while not self._stop.is_set():
             try:
                 if not resource_version:
                     resource_version = self._list(kind)
                     self._synced.add(kind.name)
+                    self._failures[kind.name] = 0
                 resource_version = self._watch(kind, resource_version)
-                failures = 0
             except _Relist:
                 resource_version = ""
                 self.relists += 1
@@ -182,7 +185,7 @@ class Informer:
                 if isinstance(err, ApiError) and err.status == GONE:
                     resource_version = ""
                     self.relists += 1
-                failures += 1
+                failures = self._failures[kind.name] = min(self._failures.get(kind.name, 0) + 1, 32)
                 delay = random.uniform(
                     0, min(self.timing.backoff_cap, self.timing.backoff_base * 2**failures)
                 )
@@ -214,6 +217,7 @@ class Informer:
         """Apply events until the server ends the watch; return the last resourceVersion."""
         timeout = int(self.timing.watch_timeout * random.uniform(1.0, 2.0))
         response = self.api.watch(kind.name, resource_version, timeout, self.timing.read_timeout)
+        self._failures[kind.name] = 0  # the server answers again: the next failure starts small
         self._responses[kind.name] = response
         try:
             for line in watch_lines(response):
