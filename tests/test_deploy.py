@@ -20,7 +20,7 @@ from webhook.vap import render
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
-OVERLAYS = ("self-signed", "cert-manager", "static-policies")
+OVERLAYS = ("self-signed", "cert-manager", "static-policies", "network-policy")
 KUBERNETES_VERSIONS = ("1.33.0", "1.35.0")
 CRDS = {"cert-manager.io/v1"}  # not in the core schemas
 
@@ -195,3 +195,23 @@ def test_cel_policy_gives_the_engine_verdict_on_the_project_policy_cases(case):
         w.startswith("[pinnedNodeName]") for w in decision.warnings
     )
     assert vap_flags(case.config, case.obj, case.old_object, case.operation) is engine_flags
+
+
+def test_pods_wait_for_endpoint_removal_before_draining(rendered):
+    [deployment] = objects(rendered["self-signed"], "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    assert container["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "10"]
+    # preStop, then gunicorn's graceful drain (25 s), must fit before the kill.
+    assert pod["terminationGracePeriodSeconds"] >= 10 + 25
+
+
+def test_the_network_policy_overlay_admits_only_the_webhook_port(rendered):
+    [policy] = objects(rendered["network-policy"], "NetworkPolicy")
+    [deployment] = objects(rendered["network-policy"], "Deployment")
+    assert policy["metadata"]["namespace"] == "admit-guard"
+    assert policy["spec"]["podSelector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    [rule] = policy["spec"]["ingress"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 8443}] and "from" not in rule
+    assert not objects(rendered["self-signed"], "NetworkPolicy")  # optional
