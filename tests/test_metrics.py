@@ -21,3 +21,33 @@ def test_state_gauges_are_set_from_the_request_path_at_most_once_a_second(monkey
     metrics.observe_state_now_and_then(readiness, "snapshot")
     assert len(asked) == 2
     assert b'admit_guard_state_objects{kind="node"} 2.0' in metrics.scrape()
+
+
+def test_label_values_from_requests_come_from_a_closed_set():
+    from tests.test_server import example, make_client
+
+    client = make_client()
+    before = len(client.get("/metrics").get_data())
+    for n in range(2000):
+        review = example("good-deployment")
+        review["request"]["kind"]["kind"] = f"Kind{n}" + "x" * 100
+        review["request"]["operation"] = f"OP{n}"
+        client.post("/validate", json=review)
+    text = client.get("/metrics").get_data(as_text=True)
+    kinds = {
+        line.split('kind="')[1].split('"')[0]
+        for line in text.splitlines()
+        if line.startswith("admit_guard_requests_total{")
+    }
+    assert kinds <= metrics_module.KINDS | {"other"}
+    assert "OP1" not in text
+    assert len(text) < before + 5000
+
+
+def test_only_the_first_distinct_reasons_keep_their_name():
+    metrics = Metrics()
+    for n in range(metrics_module.MAX_REASONS + 100):
+        metrics.count_finding("nodeAdmission", f"OutOfexample.com/r{n}", "denied")
+    text = metrics.scrape().decode()
+    reasons = {line.split('reason="')[1].split('"')[0] for line in text.splitlines() if 'reason="' in line}
+    assert len(reasons) == metrics_module.MAX_REASONS + 1 and "other" in reasons

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -24,6 +25,24 @@ _UPDATED = "admit_guard_state_last_update_timestamp_seconds"
 STATE_OBSERVE_INTERVAL = 1.0  # seconds between state gauge updates from the request path
 # Decisions take tens of microseconds; the apiserver's budget is seconds.
 _LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+
+
+# Label values come from closed sets: a label taken from a request as sent would let any
+# client grow every worker's memory and the metrics files without bound.
+KINDS = frozenset(
+    {"Pod", "Deployment", "ReplicaSet", "StatefulSet", "DaemonSet", "Job", "CronJob",
+     "ReplicationController", "PodTemplate", "Binding"}
+)  # fmt: skip
+OPERATIONS = frozenset({"CREATE", "UPDATE", "DELETE", "CONNECT"})
+ENDPOINTS = frozenset({"validate", "mutate"})
+# Reasons are the kubelet's and the guard's codes, but ``OutOf<resource>`` carries any extended
+# resource a pod names: the first few distinct ones keep their name, later ones read "other".
+MAX_REASONS = 64
+OTHER = "other"
+
+
+def closed(value: str, known: frozenset[str]) -> str:
+    return value if value in known else OTHER
 
 
 def multiprocess() -> bool:
@@ -100,6 +119,36 @@ class Metrics:
         )
         self.audit = AuditGauges(registry)
         self._state_observed_at = float("-inf")
+        self._reasons: set[str] = set()
+        # ``labels()`` takes a lock and builds a key on every call: children are looked up once.
+        self._children: dict[tuple, Any] = {}
+
+    def _child(self, metric, *labels: str):
+        key = (metric, *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
+
+    def count_request(self, endpoint: str, kind: str, operation: str, verdict: str, latency: float) -> None:
+        endpoint = closed(endpoint, ENDPOINTS)
+        self._child(self.latency, endpoint).observe(latency)
+        self._child(
+            self.requests, endpoint, closed(kind, KINDS), closed(operation, OPERATIONS), verdict
+        ).inc()
+
+    def count_unchecked(self, endpoint: str, allowed: bool) -> None:
+        self._child(
+            self.unchecked, closed(endpoint, ENDPOINTS), "fail-open" if allowed else "fail-closed"
+        ).inc()
+
+    def count_bad_request(self, endpoint: str, code: int) -> None:
+        self._child(self.bad_requests, closed(endpoint, ENDPOINTS), str(code)).inc()
+
+    def count_finding(self, policy: str, reason: str, outcome: str) -> None:
+        if reason not in self._reasons and len(self._reasons) < MAX_REASONS:
+            self._reasons.add(reason)
+        self._child(self.violations, policy, reason if reason in self._reasons else OTHER, outcome).inc()
 
     def observe_state_now_and_then(self, readiness: Callable[[], Readiness], source: str) -> None:
         """``observe_state`` at most once a second: four multi-process file writes per request

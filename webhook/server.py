@@ -59,13 +59,13 @@ def create_app(
         try:
             req = admission.parse_review(request.get_data())
         except ReviewError as err:
-            metrics.bad_requests.labels(endpoint, "400").inc()
+            metrics.count_bad_request(endpoint, 400)
             return _error(400, str(err))
         except HTTPException:
             raise
         except Exception as err:  # a parser bug is still the body's problem, never a 500
             logging.getLogger(__name__).exception("unreadable AdmissionReview")
-            metrics.bad_requests.labels(endpoint, "400").inc()
+            metrics.count_bad_request(endpoint, 400)
             return _error(400, f"unreadable AdmissionReview ({type(err).__name__})")
         try:
             with source.reading() as view:
@@ -112,7 +112,7 @@ def create_app(
     @app.errorhandler(HTTPException)
     def http_error(err: HTTPException) -> Response:
         if err.code == 413 and request.path in ("/validate", "/mutate"):
-            metrics.bad_requests.labels(request.path.lstrip("/"), "413").inc()
+            metrics.count_bad_request(request.path.lstrip("/"), 413)
             _drain(request.environ.get("wsgi.input"), min(request.content_length or 0, DRAIN_LIMIT))
             return _error(413, f"request body is larger than the {max_body_bytes}-byte limit")
         return _error(err.code or 500, err.description or err.name)
@@ -122,10 +122,9 @@ def create_app(
 
 def _record(metrics: Metrics, endpoint: str, outcome: Outcome, latency: float) -> None:
     req = outcome.request
-    metrics.latency.labels(endpoint).observe(latency)
-    metrics.requests.labels(endpoint, req.kind, req.operation, outcome.verdict).inc()
+    metrics.count_request(endpoint, req.kind, req.operation, outcome.verdict, latency)
     if outcome.error:
-        metrics.unchecked.labels(endpoint, "fail-open" if outcome.allowed else "fail-closed").inc()
+        metrics.count_unchecked(endpoint, outcome.allowed)
     decision = outcome.decision
     if decision is None or req.dry_run:
         return  # dry runs have no side effects, and counting a finding is one
@@ -135,7 +134,7 @@ def _record(metrics: Metrics, endpoint: str, outcome: Outcome, latency: float) -
         findings = [("denied", v) for v in (*decision.violations, *decision.fixed)]
         findings += [("audited", v) for v in decision.audited]
     for outcome_label, violation in findings:
-        metrics.violations.labels(violation.policy, violation.reason, outcome_label).inc()
+        metrics.count_finding(violation.policy, violation.reason, outcome_label)
 
 
 def _log_line(endpoint: str, outcome: Outcome, latency: float) -> str:
