@@ -289,6 +289,13 @@ def certs(service, namespace, out) -> None:
     "--threads", type=click.IntRange(1, 256), default=4, show_default=True, help="Threads per worker."
 )
 @click.option("--max-body-bytes", type=click.IntRange(1024), default=3 * 1024 * 1024, show_default=True)
+@click.option(
+    "--request-timeout",
+    type=click.FloatRange(0.1),
+    default=10.0,
+    show_default=True,
+    help="Seconds a client has to complete the TLS handshake and send a whole request (else 408).",
+)
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info")
 @click.option(
     "--max-state-age",
@@ -311,6 +318,7 @@ def serve(
     workers,
     threads,
     max_body_bytes,
+    request_timeout,
     log_level,
     max_state_age,
     audit_interval,
@@ -357,7 +365,13 @@ def serve(
         )
 
     options = ServeOptions(
-        bind=bind, cert_dir=cert_dir, workers=workers, threads=threads, log_level=log_level
+        bind=bind,
+        cert_dir=cert_dir,
+        workers=workers,
+        threads=threads,
+        log_level=log_level,
+        request_timeout=request_timeout,
+        max_body_bytes=max_body_bytes,
     )
     log_decisions_to_stderr()
     GuardServer(app, options).run()

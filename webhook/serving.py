@@ -1,7 +1,8 @@
 """gunicorn around the app: TLS 1.2+, keep-alive, graceful shutdown, certificate rotation.
 
 The kube-apiserver keeps connections open and sends reviews concurrently, so the workers
-are ``gthread`` (a keep-alive connection parks in the poller instead of holding a worker).
+are threaded (``GuardWorker``, gthread whose event loop reads whole requests before a thread
+sees them: a keep-alive or slow connection parks in the poller instead of holding a thread).
 gunicorn asks the ``ssl_context`` hook for a context on every new connection; the hook
 hands back a cached one and rebuilds it only when the certificate files change, which is
 how a rotated Secret reaches new connections while in-flight ones finish on the old one.
@@ -37,6 +38,8 @@ class ServeOptions:
     timeout: int = 30
     graceful_timeout: int = 25
     log_level: str = "info"
+    request_timeout: float = 10.0  # handshake + whole request, read in the worker's event loop
+    max_body_bytes: int = 3 * 1024 * 1024
 
 
 class CertificateFiles:
@@ -101,6 +104,9 @@ class GuardServer(BaseApplication):
     def __init__(self, app_factory: Callable[[], Any], options: ServeOptions) -> None:
         self._factory = app_factory
         self._options = options
+        # Read by GuardWorker (webhook/worker.py) through its ``app``.
+        self.request_timeout = options.request_timeout
+        self.max_body_bytes = options.max_body_bytes
         super().__init__()
 
     def load_config(self) -> None:
@@ -109,7 +115,7 @@ class GuardServer(BaseApplication):
         settings = {
             "bind": [opts.bind],
             "workers": opts.workers,
-            "worker_class": "gthread",
+            "worker_class": "webhook.worker.GuardWorker",
             "threads": opts.threads,
             "keepalive": opts.keepalive,
             "timeout": opts.timeout,
