@@ -49,6 +49,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/audit_bench.py
 	$(BIN)/python bench/snapshot_bench.py
 	$(BIN)/python bench/quantity_bench.py
+	$(BIN)/python bench/slow_clients_bench.py
 
 # promtool (Debian's prometheus package) for the alert rules' unit tests.
 promtool:
