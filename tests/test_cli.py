@@ -80,12 +80,23 @@ def test_fix_mode_prints_the_patch(tmp_path):
             "apiVersion: v1\nkind: Pod\nspec: {tolerations: oops}\n",
             "document 1: Pod: field spec.tolerations: must be",
         ),
+        (
+            "apiVersion: apps/v1\nkind: Deployment\nmetadata: 5\nspec: {template: {spec: {}}}\n",
+            "document 1: Deployment: field metadata: must be a mapping",
+        ),
+        (
+            '{"apiVersion": "apps/v1", "kind": "Deployment", "spec": {"template": {"spec": '
+            '{"nodeName": "n1", "x": ' + '{"a": ' * 1000 + "1" + "}" * 1000 + "}}}}",
+            "document 1: Deployment: field spec: nested too deeply to read",
+        ),
     ],
 )
 def test_bad_input_exits_2_naming_file_document_and_field(tmp_path, content, expected):
     path = tmp_path / "bad.yaml"
     path.write_text(content)
-    result = run("-f", str(path))
+    config = tmp_path / "fix.yaml"
+    config.write_text("policies: {pinnedNodeName: {mode: fix}}\n")
+    result = run("-f", str(path), "--config", str(config))
     assert result.exit_code == 2
     assert f"{path}: {expected}" in result.stderr
 

@@ -14,7 +14,7 @@ import jsonpatch
 
 from .checks import PodUnderReview
 from .config import Config
-from .kube.errors import FieldError
+from .kube.errors import FieldError, mapping_at
 from .kube.workloads import pod_shape
 from .policies import Finding, Review, device_scheduler, node_admission, pinned_node_name
 from .state import ClusterState
@@ -79,7 +79,7 @@ def evaluate(
     shape = pod_shape(obj)
     if shape is None or operation not in OPERATIONS:
         return decision
-    namespace = (obj.get("metadata") or {}).get("namespace") or "default"
+    namespace = mapping_at(obj, "metadata", "metadata").get("namespace") or "default"
     if namespace in config.excluded_namespaces:
         return decision
     old_shape = pod_shape(old_object) if operation == "UPDATE" and old_object else None
@@ -97,7 +97,7 @@ def evaluate(
             if fix:
                 # Later policies judge the object as it will be stored.
                 patch.extend(fix)
-                review = _review(jsonpatch.apply_patch(review.obj, list(fix)), operation, old_shape)
+                review = _review(_patched(review.obj, fix), operation, old_shape)
     decision.allowed = not decision.violations
     decision.patch = patch or None
     decision.unreadable = review.unreadable if decision.unchecked else None
@@ -117,6 +117,13 @@ def _apply(decision: Decision, policy: str, mode: str, finding: Finding):
     else:
         decision.violations.append(violation)
     return None
+
+
+def _patched(obj: Mapping[str, Any], fix) -> Mapping[str, Any]:
+    try:
+        return jsonpatch.apply_patch(obj, list(fix))
+    except RecursionError:  # the deep copy of an absurdly nested object
+        raise FieldError("spec", "nested too deeply to read") from None
 
 
 def _review(obj: Mapping[str, Any], operation: str, old_shape) -> Review:
