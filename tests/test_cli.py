@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 from click.testing import CliRunner
 
 from webhook.cli import main
@@ -34,7 +35,11 @@ def test_examples_reproduce_both_incidents_and_exit_1():
 def test_json_output_follows_the_contract():
     result = run("-f", str(EXAMPLES / "workloads" / "incident-1-pinned-deployment.yaml"), "-o", "json")
     [entry] = json.loads(result.stdout)["results"]
-    assert set(entry) == {"file", "kind", "namespace", "name", "allowed", "violations", "warnings", "patch"}
+    assert set(entry) == {
+        "file", "document", "item", "kind", "namespace", "name", "allowed", "skipped", "violations",
+        "warnings", "patch",
+    }  # fmt: skip
+    assert (entry["document"], entry["item"], entry["skipped"]) == (1, None, False)
     assert set(entry["violations"][0]) == {"policy", "reason", "message", "node"}
     assert entry["violations"][0]["node"] == "edge-1"
 
@@ -87,7 +92,7 @@ def test_fix_mode_prints_the_patch(tmp_path):
         (
             '{"apiVersion": "apps/v1", "kind": "Deployment", "spec": {"template": {"spec": '
             '{"nodeName": "n1", "x": ' + '{"a": ' * 1000 + "1" + "}" * 1000 + "}}}}",
-            "document 1: Deployment: field spec: nested too deeply to read",
+            "document 1: invalid JSON: nested too deeply",
         ),
     ],
 )
@@ -127,3 +132,145 @@ def test_as_user_applies_exemptions(tmp_path):
         run("-f", target, "--config", str(config), "--as", "system:serviceaccount:edge:deployer").exit_code
         == 0
     )
+
+
+def write(tmp_path, name: str, text: str) -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+GOOD = (EXAMPLES / "workloads" / "good-deployment.yaml").read_text()
+PINNED = EXAMPLES / "workloads" / "incident-1-pinned-deployment.yaml"
+
+
+def test_a_duplicate_key_is_an_input_error_naming_the_key_and_line(tmp_path):
+    path = write(tmp_path, "dup.yaml", "apiVersion: v1\nkind: Pod\nspec: {}\nspec: {nodeName: a}\n")
+    result = run("-f", path)
+    assert result.exit_code == 2
+    assert f"{path}: document 1: invalid YAML: duplicate key 'spec' (line 4" in result.stderr
+
+
+def test_concatenated_files_without_separators_are_not_silently_one_object():
+    result = run("-f", "-", stdin=GOOD + PINNED.read_text())
+    assert result.exit_code == 2
+    assert "duplicate key 'apiVersion'" in result.stderr
+
+
+def test_duplicate_keys_in_json_are_an_input_error(tmp_path):
+    path = write(tmp_path, "dup.json", '{"apiVersion": "v1", "kind": "Pod",\n "kind": "Pod"}')
+    result = run("-f", path)
+    assert result.exit_code == 2 and "invalid JSON: duplicate key 'kind' (line 2)" in result.stderr
+
+
+def test_json_is_parsed_as_json_so_a_trailing_comma_is_an_error(tmp_path):
+    path = write(tmp_path, "comma.json", '{"apiVersion": "v1", "kind": "Pod",}')
+    result = run("-f", path)
+    assert result.exit_code == 2 and f"{path}: document 1: invalid JSON" in result.stderr
+
+
+@pytest.mark.parametrize("content", ["", "---\n", "---\n---\n", "# only a comment\n"])
+def test_no_objects_at_all_is_an_input_error(tmp_path, content):
+    path = write(tmp_path, "empty.yaml", content)
+    result = run("-f", path)
+    assert result.exit_code == 2 and f"{path}: no objects" in result.stderr
+
+
+def test_empty_stdin_is_an_input_error():
+    result = run("-f", "-", stdin="")
+    assert result.exit_code == 2 and "<stdin>: no objects" in result.stderr
+
+
+def test_objects_that_create_no_pods_are_skipped_and_counted(tmp_path):
+    manifest = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c, namespace: web}\n---\n"
+    manifest += "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata: {name: r}\n---\n"
+    manifest += "apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: w}\n---\n" + GOOD
+    text = run("-f", "-", stdin=manifest)
+    assert text.exit_code == 0
+    assert "SKIP  ConfigMap web/c" in text.stdout and "SKIP  ClusterRole r  (" in text.stdout
+    assert "4 objects: 1 allowed, 0 denied, 0 warned, 3 skipped, 0 input errors" in text.stderr
+    data = json.loads(run("-f", "-", "-o", "json", stdin=manifest).stdout)
+    assert [r["skipped"] for r in data["results"]] == [True, True, True, False]
+    assert data["results"][1]["namespace"] is None  # cluster-scoped: no default/
+    assert data["summary"] == {"allowed": 1, "denied": 0, "warned": 0, "skipped": 3, "errors": 0}
+
+
+def test_list_items_carry_their_document_and_item_index(tmp_path):
+    path = write(
+        tmp_path,
+        "list.yaml",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n---\napiVersion: v1\nkind: List\nitems:\n"
+        "- {apiVersion: v1, kind: ConfigMap, metadata: {name: a}}\n"
+        "- {apiVersion: v1, kind: ConfigMap, metadata: {name: b}}\n",
+    )
+    data = json.loads(run("-f", path, "-o", "json").stdout)
+    assert [(r["document"], r["item"]) for r in data["results"]] == [(1, None), (2, 1), (2, 2)]
+
+
+def _warn_config(tmp_path) -> str:
+    return write(tmp_path, "warn.yaml", "policies: {pinnedNodeName: {mode: warn}}\n")
+
+
+def test_warnings_pass_unless_warnings_are_errors(tmp_path):
+    config = _warn_config(tmp_path)
+    assert run("-f", str(PINNED), "--config", config).exit_code == 0
+    result = run("-f", str(PINNED), "--config", config, "--warnings-as-errors")
+    assert result.exit_code == 1
+    assert "WARN  Deployment edge/sensor-ingest" in result.stdout
+    assert "0 allowed, 0 denied, 1 warned" in result.stderr
+
+
+def test_yaml_output_has_the_json_contract(tmp_path):
+    as_json = json.loads(run("-f", str(PINNED), "-o", "json").stdout)
+    as_yaml = yaml.safe_load(run("-f", str(PINNED), "-o", "yaml").stdout)
+    assert as_yaml == as_json
+
+
+def test_fail_only_prints_only_denials_warnings_and_errors(tmp_path):
+    bad = write(tmp_path, "bad.yaml", "kind: Pod\n")
+    result = run("-f", str(EXAMPLES / "workloads"), "-f", bad, "--cluster", str(EXAMPLES / "cluster"), "-q")
+    assert result.exit_code == 2
+    assert "DENY " in result.stdout and "ALLOW" not in result.stdout and "SKIP" not in result.stdout
+    assert "ERROR" in result.stderr and "input errors" in result.stderr
+    workloads, cluster = str(EXAMPLES / "workloads"), str(EXAMPLES / "cluster")
+    data = json.loads(run("-f", workloads, "--cluster", cluster, "--fail-only", "-o", "json").stdout)
+    assert data["results"] and all(not r["allowed"] or r["warnings"] for r in data["results"])
+
+
+def test_fix_mode_shows_the_patch_as_yaml_in_text(tmp_path):
+    config = write(tmp_path, "fix.yaml", "policies: {pinnedNodeName: {mode: fix}}\n")
+    result = run("-f", str(PINNED), "--config", config)
+    assert "PATCH Deployment edge/sensor-ingest" in result.stdout
+    assert "  patch:\n    - op: remove\n      path: /spec/template/spec/nodeName" in result.stdout
+
+
+def test_no_progress_line_on_a_pipe():
+    result = run("-f", str(EXAMPLES / "workloads"))
+    assert "checked" not in result.stderr
+
+
+def test_the_progress_line_shows_on_a_terminal_after_a_second():
+    import io
+
+    from webhook.cli import Progress
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    now = [0.0]
+    stream = Terminal()
+    progress = Progress(stream, clock=lambda: now[0])
+    progress.tick(10)
+    assert stream.getvalue() == ""  # under a second: nothing
+    now[0] = 1.5
+    progress.tick(2000)
+    progress.done()
+    assert "checked 2000 objects..." in stream.getvalue() and stream.getvalue().endswith("\033[K")
+
+
+def test_version_names_the_package_and_the_kubernetes_rules():
+    for args in (["version"], ["--version"]):
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 0
+        assert "admit-guard 0.1.0" in result.stdout and "Kubernetes v1.35" in result.stdout

@@ -18,7 +18,7 @@ def test_every_corpus_file_gets_a_verdict_or_an_input_error():
     files = sorted(CORPUS.rglob("*.yaml"))
     assert len(files) >= 1000
     exit_codes = {0: 0, 1: 0, 2: 0}
-    unreadable = 0
+    unreadable = duplicates = 0
     for path in files:
         result = CliRunner().invoke(main, ["check", "-f", str(path), "--cluster", str(CLUSTER), "-o", "json"])
         assert result.exception is None or isinstance(result.exception, SystemExit), (
@@ -27,12 +27,15 @@ def test_every_corpus_file_gets_a_verdict_or_an_input_error():
         assert result.exit_code in exit_codes, f"{path}: exit {result.exit_code}"
         if result.exit_code == 2:
             assert str(path) in result.stdout + result.stderr
+            duplicates += "duplicate key" in result.stdout + result.stderr
         if not _parses(path):
             unreadable += 1
             assert result.exit_code == 2, f"{path} is neither YAML nor JSON but was not an input error"
         exit_codes[result.exit_code] += 1
     # Twelve files fail PyYAML's pure-Python loader on purpose; libyaml (like kubectl's go-yaml) reads four.
     assert unreadable == 8
+    # Strict decoding, as kubectl's: these repeat a mapping key, and used to pass with the last value.
+    assert duplicates == 12
     assert exit_codes[1] > 0 and exit_codes[0] > 0
 
 

@@ -7,17 +7,21 @@ import os
 import shutil
 import sys
 import tempfile
-from dataclasses import dataclass
+import textwrap
+import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import click
 import orjson
+import yaml
 
-from . import policytest
+from . import KUBERNETES_VERSION, policytest
 from .config import Config, ConfigError, load_config
 from .engine import Decision, evaluate
 from .kube.errors import FieldError
+from .kube.workloads import pod_shape
 from .manifests import Document, ManifestError, read_documents
 from .state import ClusterState
 from .state.snapshot import SnapshotError, load_snapshot
@@ -36,23 +40,43 @@ class InputError(click.ClickException):
 class Result:
     document: Document
     decision: Decision
+    skipped: bool  # the kind creates no pods: nothing to check
 
     @property
-    def namespace_and_name(self) -> tuple[str, str]:
-        metadata = self.document.obj.get("metadata")
-        metadata = metadata if isinstance(metadata, dict) else {}
-        return metadata.get("namespace") or "default", metadata.get("name") or metadata.get(
-            "generateName"
-        ) or ""
+    def namespace(self) -> str | None:
+        """The object's namespace; ``None`` for objects that carry none and are not workloads
+        (cluster-scoped kinds have no namespace, and ``default/`` would be a lie)."""
+        namespace = _metadata(self.document.obj).get("namespace")
+        if namespace:
+            return str(namespace)
+        return None if self.skipped else "default"
+
+    @property
+    def name(self) -> str:
+        metadata = _metadata(self.document.obj)
+        return str(metadata.get("name") or metadata.get("generateName") or "")
+
+    @property
+    def verdict(self) -> str:
+        if self.skipped:
+            return "skip"
+        if not self.decision.allowed:
+            return "deny"
+        if self.decision.patch:
+            return "patch"
+        return "warn" if self.decision.notices else "allow"
 
     def as_json(self) -> dict[str, Any]:
-        namespace, name = self.namespace_and_name
+        location = self.document.location
         return {
-            "file": self.document.location.file,
+            "file": location.file,
+            "document": location.document,
+            "item": location.item,
             "kind": self.document.obj["kind"],
-            "namespace": namespace,
-            "name": name,
+            "namespace": self.namespace,
+            "name": self.name,
             "allowed": self.decision.allowed,
+            "skipped": self.skipped,
             "violations": [
                 {"policy": v.policy, "reason": v.reason, "message": v.message, "node": v.node}
                 for v in self.decision.violations
@@ -60,6 +84,40 @@ class Result:
             "warnings": self.decision.notices,
             "patch": self.decision.patch,
         }
+
+
+def _metadata(obj: dict[str, Any]) -> dict[str, Any]:
+    metadata = obj.get("metadata")
+    return metadata if isinstance(metadata, dict) else {}
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """How many objects got each verdict; the counts partition the objects and errors."""
+
+    allowed: int
+    denied: int
+    warned: int
+    skipped: int
+    errors: int
+
+    @classmethod
+    def of(cls, results: list[Result], errors: list[ManifestError]) -> Summary:
+        verdicts = [r.verdict for r in results]
+        return cls(
+            allowed=verdicts.count("allow"),
+            denied=verdicts.count("deny"),
+            warned=verdicts.count("warn") + verdicts.count("patch"),
+            skipped=verdicts.count("skip"),
+            errors=len(errors),
+        )
+
+    def __str__(self) -> str:
+        total = self.allowed + self.denied + self.warned + self.skipped
+        return (
+            f"{total} objects: {self.allowed} allowed, {self.denied} denied, {self.warned} warned, "
+            f"{self.skipped} skipped, {self.errors} input errors"
+        )
 
 
 def _load_config(path: str | None) -> Config:
@@ -107,10 +165,23 @@ def _api_server(kubeconfig: str | None, context: str | None):
         raise InputError(f"cannot use the cluster credentials: {err}") from None
 
 
+def _version_line() -> str:
+    from importlib.metadata import version
+
+    rules = f"kubelet admission rules of Kubernetes {KUBERNETES_VERSION}"
+    return f"admit-guard {version('admit-guard')} ({rules})"
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="admit-guard")
+@click.version_option(package_name="admit-guard", message=_version_line())
 def main() -> None:
     """Stop pinned-nodeName pod storms and mixed-scheduler device conflicts before they start."""
+
+
+@main.command()
+def version() -> None:
+    """The package version and the Kubernetes version whose kubelet rules it follows."""
+    click.echo(_version_line())
 
 
 @main.command()
@@ -129,17 +200,34 @@ def main() -> None:
     help="Cluster snapshot: 'kubectl get nodes,pods -A -o yaml' output (repeatable).",
 )
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Policy config file.")
-@click.option("-o", "--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option(
+    "-o", "--output", type=click.Choice(["text", "json", "yaml"]), default="text", show_default=True
+)
 @click.option(
     "--operation", type=click.Choice(["CREATE", "UPDATE"]), default="CREATE", show_default=True, hidden=True
 )
 @click.option("--as", "user", default="", help="Evaluate as this user (for exemptions), like kubectl.")
 @click.option("--as-group", "groups", multiple=True, help="Evaluate as a member of this group (repeatable).")
+@click.option("--warnings-as-errors", is_flag=True, help="Exit 1 when any warning was given.")
+@click.option("-q", "--fail-only", is_flag=True, help="Print only denials, warnings and input errors.")
 @live_cluster_options
-def check(files, cluster, config_path, output, operation, user, groups, kubeconfig, context) -> None:
+def check(
+    files,
+    cluster,
+    config_path,
+    output,
+    operation,
+    user,
+    groups,
+    warnings_as_errors,
+    fail_only,
+    kubeconfig,
+    context,
+) -> None:
     """Check manifests as the admission webhook would.
 
-    Exit status: 0 all allowed, 1 any denied, 2 usage or input error.
+    Objects that create no pods are reported as skipped. Exit status: 0 all allowed (or
+    skipped), 1 any denied (or warned, with --warnings-as-errors), 2 usage or input error.
     """
     config = _load_config(config_path)
     if kubeconfig or context:
@@ -155,7 +243,9 @@ def check(files, cluster, config_path, output, operation, user, groups, kubeconf
         state = _load_state(cluster)
     results: list[Result] = []
     errors: list[ManifestError] = []
+    progress = Progress(sys.stderr)
     for doc in read_documents(files):
+        progress.tick(len(results) + len(errors))
         if isinstance(doc, ManifestError):
             errors.append(doc)
             continue
@@ -166,10 +256,16 @@ def check(files, cluster, config_path, output, operation, user, groups, kubeconf
         except FieldError as err:
             errors.append(ManifestError(doc.location, f"{doc.obj['kind']}: field {err}"))
             continue
-        results.append(Result(doc, decision))
-    if output == "json":
+        results.append(Result(doc, decision, skipped=pod_shape(doc.obj) is None))
+    progress.done()
+    summary = Summary.of(results, errors)
+    if output == "text":
+        _print_text(results, errors, fail_only)
+        click.echo(str(summary), err=True)
+    else:
+        shown = [r for r in results if not fail_only or r.verdict in ("deny", "warn", "patch")]
         payload = {
-            "results": [r.as_json() for r in results],
+            "results": [r.as_json() for r in shown],
             "errors": [
                 {
                     "file": e.location.file,
@@ -179,36 +275,70 @@ def check(files, cluster, config_path, output, operation, user, groups, kubeconf
                 }
                 for e in errors
             ],
+            "summary": asdict(summary),
         }
-        click.echo(orjson.dumps(payload, option=orjson.OPT_INDENT_2).decode())
-    else:
-        _print_text(results, errors)
+        click.echo(_dump(payload, output), nl=output == "json")
     if errors:
         sys.exit(EXIT_INPUT_ERROR)
-    if any(not r.decision.allowed for r in results):
+    if summary.denied or (warnings_as_errors and summary.warned):
         sys.exit(EXIT_DENIED)
 
 
-def _print_text(results: list[Result], errors: list[ManifestError]) -> None:
+def _dump(payload: Any, output: str) -> str:
+    if output == "yaml":
+        return yaml.safe_dump(payload, sort_keys=False, allow_unicode=True)
+    return orjson.dumps(payload, option=orjson.OPT_INDENT_2).decode()
+
+
+_VERDICT = {"deny": "DENY ", "patch": "PATCH", "warn": "WARN ", "allow": "ALLOW", "skip": "SKIP "}
+
+
+def _print_text(results: list[Result], errors: list[ManifestError], fail_only: bool) -> None:
     for result in results:
+        if fail_only and result.verdict not in ("deny", "warn", "patch"):
+            continue
         decision, obj = result.decision, result.document.obj
-        name = "/".join(result.namespace_and_name)
-        verdict = "DENY " if not decision.allowed else ("PATCH" if decision.patch else "ALLOW")
-        click.echo(f"{verdict} {obj['kind']} {name}  ({result.document.location})")
+        name = f"{result.namespace}/{result.name}" if result.namespace else result.name
+        click.echo(f"{_VERDICT[result.verdict]} {obj['kind']} {name}  ({result.document.location})")
         for v in decision.violations:
             click.echo(f"  {v.reason}: {v.message}")
         for warning in decision.notices:
             click.echo(f"  warning: {warning}")
         for v in decision.audited:
             click.echo(f"  audit: {v.reason}: {v.message}")
+        if decision.patch:
+            click.echo("  patch:")
+            click.echo(textwrap.indent(yaml.safe_dump(decision.patch, sort_keys=False).rstrip(), "    "))
     for error in errors:
         click.echo(f"ERROR {error}", err=True)
-    denied = sum(not r.decision.allowed for r in results)
-    click.echo(
-        f"{len(results)} objects: {len(results) - denied} allowed, {denied} denied, "
-        f"{len(errors)} input errors",
-        err=True,
-    )
+
+
+class Progress:
+    """``checked N objects...`` on a terminal's stderr, for runs over a second; never on a pipe."""
+
+    def __init__(self, stream, *, clock=time.monotonic, after: float = 1.0, every: float = 0.25) -> None:
+        self._stream = stream
+        self._clock = clock
+        self._start = clock()
+        self._after, self._every = after, every
+        self._next = self._start + after
+        self._shown = False
+        self._live = bool(getattr(stream, "isatty", lambda: False)())
+
+    def tick(self, count: int) -> None:
+        if not self._live:
+            return
+        now = self._clock()
+        if now >= self._next:
+            self._stream.write(f"\rchecked {count} objects...")
+            self._stream.flush()
+            self._shown = True
+            self._next = now + self._every
+
+    def done(self) -> None:
+        if self._shown:
+            self._stream.write("\r\033[K")  # clear the line before the results
+            self._stream.flush()
 
 
 @main.command("test")

@@ -1,33 +1,74 @@
 """Read Kubernetes objects from files, directories and stdin, with errors that say where.
 
-YAML is parsed with the C loader when available and without YAML 1.1 timestamps (Kubernetes
-keeps ``creationTimestamp`` a string); JSON goes through orjson, which is several times faster
-for the large ``kubectl get -o json`` snapshots.
+Strict, as kubectl's decoding is: a document that starts with ``{`` is JSON and nothing else
+(a trailing comma is an error); anything else is YAML 1.1, read with libyaml. A duplicate
+mapping key is an error naming it and its line (kubectl refuses them; silently keeping the
+last one would check an object other than the one written, and ``cat a.yaml b.yaml`` without
+``---`` would check one object out of two). A file with no objects is an error too. Timestamps
+stay strings (Kubernetes keeps ``creationTimestamp`` a string).
 """
 
 from __future__ import annotations
 
+import json
+import re
 import sys
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
 import yaml
+from yaml.constructor import ConstructorError
 
 _BaseLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
 
 
 class _Loader(_BaseLoader):  # type: ignore[misc, valid-type]
-    """Safe loading, with timestamps left as strings."""
+    """Safe loading, timestamps left as strings, duplicate keys refused."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: set[tuple[str, str]] = set()
+            for key_node, _ in node.value:
+                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = (key_node.tag, key_node.value)
+                if key in seen:
+                    raise ConstructorError(
+                        None, None, f"duplicate key {key_node.value!r}", key_node.start_mark
+                    )
+                seen.add(key)
+        return super().construct_mapping(node, deep)
 
 
 _Loader.yaml_implicit_resolvers = {
     first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
     for first, resolvers in _BaseLoader.yaml_implicit_resolvers.items()
 }
+_Loader.add_constructor("tag:yaml.org,2002:map", _Loader.construct_yaml_map)
+
+
+class _DuplicateKey(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        raise _DuplicateKey(next(k for k, _ in pairs if k in seen or seen.add(k)))
+    return obj
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+_JSON = json.JSONDecoder(object_pairs_hook=_json_object, parse_constant=_no_constant)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,24 +134,51 @@ def read_documents(paths: Iterable[str]) -> Iterator[Document | ManifestError]:
 
 
 def documents_in(text: str, source: str) -> Iterator[Document | ManifestError]:
-    """Parse one file's text; JSON when it looks like JSON, YAML otherwise."""
-    if text.lstrip().startswith(("{", "[")):
+    """Parse one file's text: JSON when it starts with ``{`` (as kubectl decides), else YAML."""
+    empty = True
+    for item in _parsed(text, source):
+        empty = False
+        yield item
+    if empty:
+        yield ManifestError(Location(source), "no objects (the file is empty or holds only '---')")
+
+
+def _parsed(text: str, source: str) -> Iterator[Document | ManifestError]:
+    if text.lstrip().startswith("{"):
         try:
-            raw_docs: Iterable[Any] = [orjson.loads(text)]
-        except orjson.JSONDecodeError:
-            raw_docs = _yaml_documents(text)  # YAML flow style also starts with { or [
-    else:
-        raw_docs = _yaml_documents(text)
+            obj = _JSON.decode(text)
+        except _DuplicateKey as err:
+            problem = f"duplicate key {err.key!r}{_near(text, err.key)}"
+            yield ManifestError(Location(source, 1), f"invalid JSON: {problem}")
+            return
+        except ValueError as err:
+            yield ManifestError(Location(source, 1), f"invalid JSON: {_json_problem(err)}")
+            return
+        except RecursionError:
+            yield ManifestError(Location(source, 1), "invalid JSON: nested too deeply")
+            return
+        yield from _objects(obj, Location(source, 1))
+        return
     number = 0
     try:
-        for number, raw in enumerate(raw_docs, start=1):
+        for number, raw in enumerate(yaml.load_all(text, Loader=_Loader), start=1):
             yield from _objects(raw, Location(source, number))
     except yaml.YAMLError as err:
         yield ManifestError(Location(source, number + 1), f"invalid YAML: {_yaml_problem(err)}")
+    except RecursionError:
+        yield ManifestError(Location(source, number + 1), "invalid YAML: nested too deeply")
 
 
-def _yaml_documents(text: str) -> Iterator[Any]:
-    return yaml.load_all(text, Loader=_Loader)
+def _json_problem(err: ValueError) -> str:
+    if isinstance(err, json.JSONDecodeError):
+        return f"{err.msg} (line {err.lineno}, column {err.colno})"
+    return str(err)
+
+
+def _near(text: str, key: str) -> str:
+    """The line of the key's second appearance: where the duplicate most likely is."""
+    hits = [m.start() for m in re.finditer(re.escape(json.dumps(key)) + r"\s*:", text)]
+    return f" (line {text.count(chr(10), 0, hits[1]) + 1})" if len(hits) > 1 else ""
 
 
 def _yaml_problem(err: yaml.YAMLError) -> str:
