@@ -59,3 +59,40 @@ def test_globs_overlap_whenever_one_string_matches_both(first, second, text):
 def test_disjoint_globs_do_not_overlap():
     assert not globs_overlap("nvidia.com/*", "amd.com/*")
     assert globs_overlap("*/gpu", "nvidia.com/*")
+
+
+@pytest.mark.parametrize("value", ["off", "'off'", "false", "no"])
+def test_a_bare_off_means_the_mode_off(tmp_path, value):
+    path = tmp_path / "guard.yaml"
+    path.write_text(f"policies:\n  pinnedNodeName: {{mode: {value}}}\n")
+    assert load_config(path).pinned_node_name.mode == "off"
+
+
+def test_true_is_not_a_mode_and_the_error_says_why(tmp_path):
+    path = tmp_path / "guard.yaml"
+    path.write_text("policies:\n  deviceScheduler: {mode: on}\n")
+    with pytest.raises(ConfigError, match=r"policies\.deviceScheduler\.mode: true is not a mode: YAML reads"):
+        load_config(path)
+
+
+def test_every_config_problem_is_listed_at_once():
+    with pytest.raises(ConfigError) as err:
+        config_from_dict(
+            {
+                "failOpen": "sometimes",
+                "excludedNamespaces": "kube-system",
+                "policies": {"pinnedNodeName": {"mode": "loud"}, "nodeAdmission": {"unknownNode": "maybe"}},
+                "typo": 1,
+            }
+        )
+    message = str(err.value)
+    assert "5 problems" in message
+    for field in ("failOpen", "excludedNamespaces", "pinnedNodeName.mode", "unknownNode", "typo"):
+        assert field in message
+
+
+def test_a_duplicate_key_in_the_config_is_an_error(tmp_path):
+    path = tmp_path / "guard.yaml"
+    path.write_text("failOpen: true\nfailOpen: false\n")
+    with pytest.raises(ConfigError, match="duplicate key 'failOpen'"):
+        load_config(path)

@@ -71,3 +71,30 @@ def test_invalid_test_files_exit_2_naming_file_and_field(tmp_path):
         "  - name: x\n    object: {kind: Pod}\n    expect: {allowd: true}\n"
     )
     assert "cases[0].expect.allowd: unknown field" in run(str(bad)).stderr
+
+
+def test_a_failed_expectation_prints_the_violations_that_made_it_fail(tmp_path):
+    (tmp_path / "wrong.test.yaml").write_text(FAILING)
+    result = run(str(tmp_path))
+    assert "denied by PinnedNodeName: Deployment default/d sets spec.template.spec.nodeName" in result.stdout
+
+
+def test_junit_flag_writes_the_same_report(tmp_path):
+    (tmp_path / "wrong.test.yaml").write_text(FAILING)
+    result = run(str(tmp_path), "--junit", str(tmp_path / "junit.xml"))
+    assert result.exit_code == 1
+    assert ET.parse(tmp_path / "junit.xml").getroot().get("failures") == "2"
+
+
+def test_an_invalid_test_file_lists_every_problem(tmp_path):
+    bad = tmp_path / "bad.test.yaml"
+    bad.write_text(
+        "apiVersion: admit-guard.io/v1alpha1\nkind: PolicyTest\ncases:\n"
+        "  - name: x\n    object: {kind: Pod}\n    expect: {allowd: true}\n"
+        "  - name: y\n    object: {kind: Pod}\n    operation: PATCH\n    expect: {allowed: true}\n"
+        "  - name: z\n    expect: {allowed: true}\n"
+    )
+    result = run(str(bad))
+    assert result.exit_code == 2
+    for problem in ("cases[0].expect.allowd", "cases[1].operation", "cases[2]: needs object"):
+        assert f"{bad}: {problem}" in result.stderr

@@ -352,7 +352,8 @@ class Progress:
     type=(click.Choice(["junit"]), click.Path(dir_okay=False)),
     help="Also write results as JUnit XML: -o junit FILE.",
 )
-def test_command(paths, pattern, junit) -> None:
+@click.option("--junit", "junit_file", type=click.Path(dir_okay=False), help="Same as -o junit FILE.")
+def test_command(paths, pattern, junit, junit_file) -> None:
     """Run policy test files (*.test.yaml under directories) through the engine.
 
     Exit status: 0 all passed, 1 any failed, 2 invalid test files.
@@ -375,8 +376,8 @@ def test_command(paths, pattern, junit) -> None:
         click.echo(f"ERROR {problem}", err=True)
     failed = sum(not r.passed for r in results)
     click.echo(f"{len(results) - failed} passed, {failed} failed")
-    if junit:
-        policytest.write_junit(results, junit[1])
+    for target in {junit[1] if junit else None, junit_file} - {None}:
+        policytest.write_junit(results, target)
     if problems:
         sys.exit(EXIT_INPUT_ERROR)
     if failed:

@@ -11,6 +11,8 @@ from typing import Any
 
 import yaml
 
+from .manifests import StrictLoader
+
 MODES = ("enforce", "warn", "audit", "fix", "off")
 DEFAULT_DEVICE_PATTERNS = ("nvidia.com/*", "amd.com/*", "intel.com/*", "gpu.intel.com/*")
 
@@ -93,7 +95,7 @@ def load_config(path: str | Path) -> Config:
     except OSError as err:
         raise ConfigError(f"{path}: cannot read: {err.strerror}") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=StrictLoader)
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: invalid YAML: {err}") from None
     return config_from_dict(data if data is not None else {}, str(path))
@@ -104,11 +106,11 @@ def config_from_dict(data: Any, source: str = "config") -> Config:
     reader = _Reader(source)
     top = reader.mapping(data, "", {"excludedNamespaces", "failOpen", "exemptions", "policies"})
     policies = reader.mapping(top.get("policies") or {}, "policies", set(POLICY_NAMES))
-    return Config(
+    config = Config(
         excluded_namespaces=reader.strings(
             top.get("excludedNamespaces", ["kube-system"]), "excludedNamespaces"
         ),
-        fail_open=reader.boolean(top.get("failOpen", True), "failOpen"),
+        fail_open=reader.boolean(top.get("failOpen", True), "failOpen", True),
         exemptions=tuple(
             _exemption(reader, item, f"exemptions[{i}]")
             for i, item in enumerate(reader.sequence(top.get("exemptions") or [], "exemptions"))
@@ -117,6 +119,8 @@ def config_from_dict(data: Any, source: str = "config") -> Config:
         device_scheduler=_device(reader, policies.get("deviceScheduler") or {}),
         node_admission=_node(reader, policies.get("nodeAdmission") or {}),
     )
+    reader.finish()
+    return config
 
 
 def _exemption(reader: _Reader, data: Any, where: str) -> Exemption:
@@ -138,8 +142,17 @@ def _exemption(reader: _Reader, data: Any, where: str) -> Exemption:
 
 def _mode(reader: _Reader, data: Mapping[str, Any], where: str, allowed=MODES) -> str:
     mode = data.get("mode", "enforce")
+    if mode is False:
+        return "off"  # YAML 1.1 reads a bare ``off`` as false
+    if mode is True:
+        reader.fail(
+            f"{where}.mode",
+            f"true is not a mode: YAML reads a bare on/yes/true as true; write one of {', '.join(allowed)}",
+        )
+        return "enforce"
     if mode not in allowed:
         reader.fail(f"{where}.mode", f"{mode!r} is not one of {', '.join(allowed)}")
+        return "enforce"
     return mode
 
 
@@ -184,7 +197,7 @@ def _device(reader: _Reader, data: Any) -> DeviceSchedulerConfig:
         resources=resources,
         owners=owners,
         annotations=annotations,
-        autodetect=reader.boolean(data.get("autodetect", True), f"{where}.autodetect"),
+        autodetect=reader.boolean(data.get("autodetect", True), f"{where}.autodetect", True),
     )
 
 
@@ -207,17 +220,27 @@ def globs_overlap(first: str, second: str) -> bool:
 
 
 class _Reader:
-    """Type checks that raise ``ConfigError`` naming the source and field."""
+    """Type checks that record a problem naming the field, then carry on with a safe value,
+    so one run lists every problem of a config (``finish`` raises them together)."""
 
     def __init__(self, source: str) -> None:
         self.source = source
+        self.problems: list[str] = []
 
-    def fail(self, where: str, message: str):
-        raise ConfigError(f"{self.source}: {where or 'top level'}: {message}")
+    def fail(self, where: str, message: str) -> None:
+        self.problems.append(f"{where or 'top level'}: {message}")
+
+    def finish(self) -> None:
+        if len(self.problems) == 1:
+            raise ConfigError(f"{self.source}: {self.problems[0]}")
+        if self.problems:
+            listed = "\n  ".join(self.problems)
+            raise ConfigError(f"{self.source}: {len(self.problems)} problems:\n  {listed}")
 
     def mapping(self, data: Any, where: str, allowed: set[str] | None = None) -> Mapping[str, Any]:
         if not isinstance(data, Mapping):
             self.fail(where, "must be a mapping")
+            return {}
         if allowed is not None:
             for key in data:
                 if key not in allowed:
@@ -230,15 +253,18 @@ class _Reader:
     def sequence(self, data: Any, where: str) -> list[Any]:
         if not isinstance(data, list):
             self.fail(where, "must be a list")
+            return []
         return data
 
     def strings(self, data: Any, where: str) -> tuple[str, ...]:
         items = self.sequence(data, where)
         if not all(isinstance(s, str) for s in items):
             self.fail(where, "must be a list of strings")
+            return ()
         return tuple(items)
 
-    def boolean(self, data: Any, where: str) -> bool:
+    def boolean(self, data: Any, where: str, default: bool) -> bool:
         if not isinstance(data, bool):
             self.fail(where, "must be true or false")
+            return default
         return data

@@ -25,7 +25,7 @@ _BaseLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
 
 
-class _Loader(_BaseLoader):  # type: ignore[misc, valid-type]
+class StrictLoader(_BaseLoader):  # type: ignore[misc, valid-type]
     """Safe loading, timestamps left as strings, duplicate keys refused."""
 
     def construct_mapping(self, node, deep=False):
@@ -43,11 +43,11 @@ class _Loader(_BaseLoader):  # type: ignore[misc, valid-type]
         return super().construct_mapping(node, deep)
 
 
-_Loader.yaml_implicit_resolvers = {
+StrictLoader.yaml_implicit_resolvers = {
     first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
     for first, resolvers in _BaseLoader.yaml_implicit_resolvers.items()
 }
-_Loader.add_constructor("tag:yaml.org,2002:map", _Loader.construct_yaml_map)
+StrictLoader.add_constructor("tag:yaml.org,2002:map", StrictLoader.construct_yaml_map)
 
 
 class _DuplicateKey(ValueError):
@@ -161,7 +161,7 @@ def _parsed(text: str, source: str) -> Iterator[Document | ManifestError]:
         return
     number = 0
     try:
-        for number, raw in enumerate(yaml.load_all(text, Loader=_Loader), start=1):
+        for number, raw in enumerate(yaml.load_all(text, Loader=StrictLoader), start=1):
             yield from _objects(raw, Location(source, number))
     except yaml.YAMLError as err:
         yield ManifestError(Location(source, number + 1), f"invalid YAML: {_yaml_problem(err)}")

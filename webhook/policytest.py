@@ -101,10 +101,14 @@ def load_test_file(path: str) -> TestFile:
         where.fail("apiVersion/kind", f"must be {API_VERSION} / {KIND}")
     base = _config_data(where, data.get("config"), "config")
     state = _state(where, data.get("cluster"))
-    cases = [
-        _case(where, raw, f"cases[{i}]", base)
-        for i, raw in enumerate(where.sequence(data.get("cases"), "cases"))
-    ]
+    cases, problems = [], []
+    for i, raw in enumerate(where.sequence(data.get("cases"), "cases")):
+        try:
+            cases.append(_case(where, raw, f"cases[{i}]", base))
+        except TestFileError as err:
+            problems.append(str(err))  # every case's problem, not only the first case's
+    if problems:
+        raise TestFileError("\n".join(problems))
     if not cases:
         where.fail("cases", "must list at least one case")
     return TestFile(path, cases, state)
@@ -134,10 +138,12 @@ def run_case(test_file: TestFile, case: Case) -> CaseResult:
 def _compare(case: Case, decision: Decision, failures: list[str]) -> None:
     expect = case.expect
     if "allowed" in expect and expect["allowed"] != decision.allowed:
-        failures.append(f"allowed: expected {expect['allowed']}, got {decision.allowed}")
+        failures.append(f"allowed: expected {expect['allowed']}, got {decision.allowed}{_findings(decision)}")
     reasons = sorted({v.reason for v in (*decision.violations, *decision.audited)})
     if "reasons" in expect and sorted(set(expect["reasons"])) != reasons:
-        failures.append(f"reasons: expected {sorted(set(expect['reasons']))}, got {reasons}")
+        failures.append(
+            f"reasons: expected {sorted(set(expect['reasons']))}, got {reasons}{_findings(decision)}"
+        )
     messages = [v.message for v in (*decision.violations, *decision.audited)]
     for wanted in expect.get("messages", []):
         if not any(wanted in m for m in messages):
@@ -151,6 +157,14 @@ def _compare(case: Case, decision: Decision, failures: list[str]) -> None:
         )
         if actual != expect["patched"]:
             failures.append("patched object differs:\n" + _diff(expect["patched"], actual))
+
+
+def _findings(decision: Decision) -> str:
+    """What the engine found, so a failed expectation says why without a second run."""
+    lines = [f"denied by {v.reason}: {v.message}" for v in decision.violations]
+    lines += [f"audited {v.reason}: {v.message}" for v in decision.audited]
+    lines += [f"warning: {w}" for w in decision.notices]
+    return "".join(f"\n  {line}" for line in lines) if lines else "\n  (no findings)"
 
 
 def _diff(expected: Any, actual: Any) -> str:
