@@ -28,8 +28,9 @@ run: $(STAMP) certs/tls.crt
 check: $(STAMP)
 	$(BIN)/admit-guard check -f examples/workloads --cluster examples/cluster || [ $$? -eq 1 ]
 
+# A new serving certificate from the existing CA, or a CA and certificate when there is none.
 certs: $(STAMP)
-	$(BIN)/admit-guard certs --out certs
+	$(BIN)/admit-guard certs --out certs $$([ -f certs/ca.key ] && echo --renew)
 
 certs/tls.crt: | $(STAMP)
 	$(BIN)/admit-guard certs --out certs > /dev/null

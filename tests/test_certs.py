@@ -93,3 +93,35 @@ def test_a_world_writable_file_in_the_directory_does_not_lend_its_mode_to_a_key(
     for name in ("ca.key", "tls.key"):
         assert stat.S_IMODE((out / name).stat().st_mode) == 0o600, name
     assert not list(out.glob(".*.key.*.tmp"))
+
+
+def _certs(*args):
+    return CliRunner().invoke(main, ["certs", *args])
+
+
+def test_an_existing_ca_is_not_replaced_without_force(tmp_path):
+    out = tmp_path / "certs"
+    assert _certs("--out", str(out)).exit_code == 0
+    ca = (out / "ca.crt").read_bytes()
+    refused = _certs("--out", str(out))
+    assert refused.exit_code == 2 and "ca.key exists" in refused.stderr and "--renew" in refused.stderr
+    assert (out / "ca.crt").read_bytes() == ca
+    assert _certs("--out", str(out), "--force").exit_code == 0
+    assert (out / "ca.crt").read_bytes() != ca
+
+
+def test_renew_issues_a_new_serving_certificate_from_the_same_ca(tmp_path):
+    out = tmp_path / "certs"
+    first = _certs("--out", str(out))
+    ca, serving = (out / "ca.crt").read_bytes(), (out / "tls.crt").read_bytes()
+    renewed = _certs("--out", str(out), "--renew")
+    assert renewed.exit_code == 0 and renewed.stdout == first.stdout  # same caBundle
+    assert (out / "ca.crt").read_bytes() == ca and (out / "tls.crt").read_bytes() != serving
+    cert = x509.load_pem_x509_certificate((out / "tls.crt").read_bytes())
+    cert.verify_directly_issued_by(x509.load_pem_x509_certificate(ca))
+    assert stat.S_IMODE((out / "tls.key").stat().st_mode) == 0o600
+
+
+def test_renew_without_a_ca_says_how_to_make_one(tmp_path):
+    result = _certs("--out", str(tmp_path / "none"), "--renew")
+    assert result.exit_code == 2 and "create a CA first" in result.stderr

@@ -42,6 +42,10 @@ def service_names(service: str, namespace: str) -> tuple[str, ...]:
     )
 
 
+class CertificateError(ValueError):
+    """The existing CA cannot be used (missing, unreadable, or not a CA key pair)."""
+
+
 def issue(service: str, namespace: str, out: Path, *, now: dt.datetime | None = None) -> Issued:
     """Write ``ca.crt``, ``ca.key``, ``tls.crt``, ``tls.key`` into ``out`` (keys mode 0600).
 
@@ -71,11 +75,40 @@ def issue(service: str, namespace: str, out: Path, *, now: dt.datetime | None = 
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
+    out.mkdir(parents=True, exist_ok=True)
+    _write(out / "ca.key", _pem_key(ca_key), private=True)
+    _write(out / "ca.crt", ca_cert.public_bytes(serialization.Encoding.PEM))
+    return _serving(service, namespace, out, ca_key, ca_cert, now)
+
+
+def renew(service: str, namespace: str, out: Path, *, now: dt.datetime | None = None) -> Issued:
+    """A new serving key and certificate from the CA already in ``out``; ``ca.crt`` is kept, so
+    the webhooks' caBundle stays valid (the rotation path)."""
+    try:
+        ca_key = serialization.load_pem_private_key((out / "ca.key").read_bytes(), password=None)
+        ca_cert = x509.load_pem_x509_certificate((out / "ca.crt").read_bytes())
+    except OSError as err:
+        raise CertificateError(f"{err.filename}: cannot read: {err.strerror}") from None
+    except ValueError as err:
+        raise CertificateError(f"{out}: the CA does not load: {err}") from None
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey) or ca_key.public_key() != ca_cert.public_key():
+        raise CertificateError(f"{out}: ca.key is not the key of ca.crt")
+    return _serving(service, namespace, out, ca_key, ca_cert, now or dt.datetime.now(dt.UTC))
+
+
+def _serving(
+    service: str,
+    namespace: str,
+    out: Path,
+    ca_key: ec.EllipticCurvePrivateKey,
+    ca_cert: x509.Certificate,
+    now: dt.datetime,
+) -> Issued:
     dns_names = service_names(service, namespace)
     key = ec.generate_private_key(ec.SECP256R1())
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{service}.{namespace}.svc")])
     cert = (
-        _builder(subject, ca_name, key.public_key(), now, SERVING_LIFETIME)
+        _builder(subject, ca_cert.subject, key.public_key(), now, SERVING_LIFETIME)
         .add_extension(
             x509.SubjectAlternativeName(
                 [*(x509.DNSName(n) for n in dns_names), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
@@ -89,13 +122,10 @@ def issue(service: str, namespace: str, out: Path, *, now: dt.datetime | None = 
         )
         .sign(ca_key, hashes.SHA256())
     )
-    out.mkdir(parents=True, exist_ok=True)
-    ca_pem = ca_cert.public_bytes(serialization.Encoding.PEM)
-    _write(out / "ca.key", _pem_key(ca_key), private=True)
-    _write(out / "ca.crt", ca_pem)
     _write(out / "tls.key", _pem_key(key), private=True)
     # Key first, certificate last: a watcher that sees the new certificate sees its key too.
     _write(out / "tls.crt", cert.public_bytes(serialization.Encoding.PEM))
+    ca_pem = ca_cert.public_bytes(serialization.Encoding.PEM)
     return Issued(out, base64.b64encode(ca_pem).decode(), dns_names)
 
 

@@ -390,17 +390,34 @@ def test_command(paths, pattern, junit, junit_file) -> None:
 @click.option(
     "--out", type=click.Path(file_okay=False, path_type=Path), default=Path("certs"), show_default=True
 )
-def certs(service, namespace, out) -> None:
+@click.option("--force", is_flag=True, help="Replace an existing CA (the webhooks' caBundle changes).")
+@click.option("--renew", is_flag=True, help="New serving certificate from the existing CA (same ca.crt).")
+def certs(service, namespace, out, force, renew) -> None:
     """Write a CA and a serving certificate (ca.crt, ca.key, tls.crt, tls.key) for the Service.
 
-    Prints the base64 caBundle on stdout, for the webhook configurations.
+    Prints the base64 caBundle on stdout, for the webhook configurations. An existing CA is
+    never replaced without --force; --renew rotates the serving certificate only.
     """
-    from .certs import issue
+    from .certs import CertificateError, issue
+    from .certs import renew as renew_serving
 
-    issued = issue(service, namespace, out)
-    click.echo(
-        f"wrote {out}/ca.crt ca.key tls.crt tls.key for {', '.join(issued.dns_names)}, 127.0.0.1", err=True
-    )
+    if force and renew:
+        raise click.UsageError("--force and --renew are exclusive: replace the CA, or keep it")
+    if renew:
+        try:
+            issued = renew_serving(service, namespace, out)
+        except CertificateError as err:
+            raise InputError(f"{err} (create a CA first: admit-guard certs --out {out})") from None
+        written = "tls.crt tls.key (ca.crt kept)"
+    else:
+        if (out / "ca.key").exists() and not force:
+            raise InputError(
+                f"{out}/ca.key exists: replacing the CA invalidates the webhooks' caBundle. "
+                "Use --renew to rotate the serving certificate, or --force to replace the CA."
+            )
+        issued = issue(service, namespace, out)
+        written = "ca.crt ca.key tls.crt tls.key"
+    click.echo(f"wrote {out}/{written} for {', '.join(issued.dns_names)}, 127.0.0.1", err=True)
     click.echo(issued.ca_bundle)
 
 
