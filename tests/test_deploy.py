@@ -145,15 +145,21 @@ def test_vap_actions_follow_the_mode():
     assert render(config_from_dict({"policies": {"pinnedNodeName": {"mode": "off"}}})) == []
 
 
-def cel_allows(policy: dict, obj: dict, old: dict | None, operation: str) -> bool:
-    """Evaluate a rendered policy the way the API server does: variables, then validations."""
+def cel_allows(policy: dict, obj: dict, old: dict | None, operation: str, namespace: str, user, groups):
+    """Evaluate a rendered policy the way the API server does: match conditions, variables,
+    then validations."""
     spec = policy["spec"]
     env = celpy.Environment()
+    user_info = {"username": user, "groups": groups}
+    request = {"operation": operation, "namespace": namespace, "userInfo": user_info}
     activation = {
         "object": celpy.json_to_cel(obj),
         "oldObject": celpy.json_to_cel(old),
-        "request": celpy.json_to_cel({"operation": operation}),
+        "request": celpy.json_to_cel(request),
     }
+    for condition in spec.get("matchConditions", []):
+        if not env.program(env.compile(condition["expression"])).evaluate(activation):
+            return True  # the policy does not apply
     variables: dict = {}
     for variable in spec["variables"]:
         program = env.program(env.compile(variable["expression"]))
@@ -164,17 +170,18 @@ def cel_allows(policy: dict, obj: dict, old: dict | None, operation: str) -> boo
     return all(env.program(env.compile(v["expression"])).evaluate(activation) for v in spec["validations"])
 
 
-def vap_flags(config: Config, obj: dict, old: dict | None, operation: str) -> bool:
+def vap_flags(config: Config, obj: dict, old: dict | None, operation: str, user="", groups=()) -> bool:
     """Whether the rendered policy and binding would act on (deny, warn, audit) this request."""
     rendered = render(config)
     if not rendered:
         return False
     policy, binding = rendered
     namespace = obj.get("metadata", {}).get("namespace") or "default"
-    [excluded] = binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"]
+    excluded, opt_out = binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"]
+    assert opt_out == {"key": "admit-guard.io/skip", "operator": "NotIn", "values": ["true"]}
     if namespace in excluded["values"]:
         return False
-    return not cel_allows(policy, obj, old, operation)
+    return not cel_allows(policy, obj, old, operation, namespace, user, list(groups))
 
 
 def _policy_cases():
@@ -182,19 +189,27 @@ def _policy_cases():
         test_file = load_test_file(path)
         for case in test_file.cases:
             shape = pod_shape(case.obj)
-            # Exemptions by user or group live only in the guard's config, not in the VAP.
-            if shape is not None and shape.is_template and not case.config.exemptions:
+            if shape is not None and shape.is_template:
                 yield pytest.param(case, id=f"{path.stem}:{case.name}")
 
 
 @pytest.mark.parametrize("case", list(_policy_cases()))
 def test_cel_policy_gives_the_engine_verdict_on_the_project_policy_cases(case):
-    decision = evaluate(case.obj, case.operation, None, case.config, old_object=case.old_object)
+    decision = evaluate(
+        case.obj,
+        case.operation,
+        None,
+        case.config,
+        old_object=case.old_object,
+        user=case.user,
+        groups=case.groups,
+    )
     findings = [*decision.violations, *decision.audited, *decision.fixed]
     engine_flags = any(v.reason == "PinnedNodeName" for v in findings) or any(
         w.startswith("[pinnedNodeName]") for w in decision.warnings
     )
-    assert vap_flags(case.config, case.obj, case.old_object, case.operation) is engine_flags
+    flags = vap_flags(case.config, case.obj, case.old_object, case.operation, case.user, case.groups)
+    assert flags is engine_flags
 
 
 def test_pods_wait_for_endpoint_removal_before_draining(rendered):
@@ -215,3 +230,49 @@ def test_the_network_policy_overlay_admits_only_the_webhook_port(rendered):
     [rule] = policy["spec"]["ingress"]
     assert rule["ports"] == [{"protocol": "TCP", "port": 8443}] and "from" not in rule
     assert not objects(rendered["self-signed"], "NetworkPolicy")  # optional
+
+
+EXEMPTIONS = {
+    "exemptions": [
+        {"namespaces": ["gpu-*"], "users": ["system:serviceaccount:gpu-reservation:*"]},
+        {"groups": ["platform-admins"]},
+        {"users": ["ci@example.com"], "policies": ["deviceScheduler"]},  # not this policy
+    ]
+}
+PINNED_IN = {
+    "apiVersion": "apps/v1",
+    "kind": "Deployment",
+    "metadata": {"name": "d", "namespace": "gpu-reservation"},
+    "spec": {"template": {"spec": {"nodeName": "n1", "containers": [{"name": "a", "image": "a"}]}}},
+}
+
+
+@pytest.mark.parametrize(
+    ("namespace", "user", "groups"),
+    [
+        ("gpu-reservation", "system:serviceaccount:gpu-reservation:holder", ()),
+        ("gpu-reservation", "jane", ()),
+        ("gpu-x", "system:serviceaccount:gpu-reservation:a.b", ()),
+        ("web", "system:serviceaccount:gpu-reservation:holder", ()),
+        ("web", "jane", ("platform-admins",)),
+        ("web", "jane", ("developers",)),
+        ("web", "ci@example.com", ()),
+    ],
+)
+def test_rendered_exemptions_match_the_engines(namespace, user, groups):
+    config = config_from_dict(EXEMPTIONS)
+    obj = {**PINNED_IN, "metadata": {"name": "d", "namespace": namespace}}
+    decision = evaluate(obj, "CREATE", None, config, user=user, groups=groups)
+    engine_flags = any(v.reason == "PinnedNodeName" for v in decision.violations)
+    assert vap_flags(config, obj, None, "CREATE", user, groups) is engine_flags
+
+
+def test_vap_refuses_an_exemption_it_cannot_express(tmp_path):
+    from click.testing import CliRunner
+
+    from webhook.cli import main
+
+    config = tmp_path / "guard.yaml"
+    config.write_text('exemptions: [{users: ["o\'brien"]}]\n')
+    result = CliRunner().invoke(main, ["vap", "--config", str(config)])
+    assert result.exit_code == 2 and "exemptions[0].users" in result.stderr

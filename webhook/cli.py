@@ -544,13 +544,19 @@ def _metrics_dir() -> None:
 def vap(config_path) -> None:
     """Print the state-free policies as ValidatingAdmissionPolicy + binding (YAML).
 
-    They hold inside the API server even while the guard is down.
+    They hold inside the API server even while the guard is down. Exemptions, excluded
+    namespaces and the namespace opt-out label are rendered too; exit 2 names an exemption
+    that cannot be expressed.
     """
     import yaml
 
-    from .vap import render
+    from .vap import VapError, render
 
-    click.echo(yaml.safe_dump_all(render(_load_config(config_path)), sort_keys=False), nl=False)
+    try:
+        rendered = render(_load_config(config_path))
+    except VapError as err:
+        raise InputError(f"cannot render the static policy: {err}") from None
+    click.echo(yaml.safe_dump_all(rendered, sort_keys=False), nl=False)
 
 
 @main.command()
