@@ -138,6 +138,20 @@ def _load_state(paths: tuple[str, ...]) -> ClusterState | None:
         raise InputError("cluster snapshot:\n  " + "\n  ".join(err.problems)) from None
 
 
+def _state_for(cluster: tuple[str, ...], kubeconfig: str | None, context: str | None) -> ClusterState | None:
+    """Snapshot files, or one list of a live cluster; None when neither is given."""
+    if not (kubeconfig or context):
+        return _load_state(cluster)
+    _wants_live(cluster, kubeconfig, context)
+    from .state.apiserver import ApiError
+    from .state.informer import live_snapshot
+
+    try:
+        return live_snapshot(_api_server(kubeconfig, context))
+    except ApiError as err:
+        raise InputError(f"cannot list nodes and pods: {err}") from None
+
+
 def live_cluster_options(command):
     """``--kubeconfig`` / ``--context``: read state from a live API server."""
     command = click.option("--context", help="kubeconfig context for live cluster state.")(command)
@@ -230,17 +244,7 @@ def check(
     skipped), 1 any denied (or warned, with --warnings-as-errors), 2 usage or input error.
     """
     config = _load_config(config_path)
-    if kubeconfig or context:
-        _wants_live(cluster, kubeconfig, context)
-        from .state.apiserver import ApiError
-        from .state.informer import live_snapshot
-
-        try:
-            state = live_snapshot(_api_server(kubeconfig, context))
-        except ApiError as err:
-            raise InputError(f"cannot list nodes and pods: {err}") from None
-    else:
-        state = _load_state(cluster)
+    state = _state_for(cluster, kubeconfig, context)
     results: list[Result] = []
     errors: list[ManifestError] = []
     progress = Progress(sys.stderr)
@@ -339,6 +343,51 @@ class Progress:
         if self._shown:
             self._stream.write("\r\033[K")  # clear the line before the results
             self._stream.flush()
+
+
+@main.command()
+@click.option("-f", "--filename", "files", multiple=True, required=True, help="Manifest file or directory.")
+@click.option("--cluster", "cluster", multiple=True, help="Cluster snapshot file or directory (repeatable).")
+@click.option(
+    "-o", "--output", type=click.Choice(["text", "json", "yaml"]), default="text", show_default=True
+)
+@live_cluster_options
+def explain(files, cluster, output, kubeconfig, context) -> None:
+    """Where could each pod go? The kubelet's verdict on every node, as if it were bound there.
+
+    Exit status: 0 every object fits somewhere, 1 some object fits on no node, 2 input error.
+    """
+    from .explain import explain as explain_object
+
+    if not cluster and not (kubeconfig or context):
+        raise InputError("explain needs cluster state: --cluster SNAPSHOT or --kubeconfig/--context")
+    state = _state_for(cluster, kubeconfig, context)
+    explanations, errors = [], []
+    for doc in read_documents(files):
+        if isinstance(doc, ManifestError):
+            errors.append(doc)
+            continue
+        try:
+            explanation = explain_object(doc.obj, state)
+        except FieldError as err:
+            errors.append(ManifestError(doc.location, f"{doc.obj['kind']}: field {err}"))
+            continue
+        if explanation is not None:
+            explanations.append(explanation)
+    if output == "text":
+        for e in explanations:
+            click.echo(f"{e.kind} {e.namespace}/{e.name}: {e.summary}")
+            for v in e.nodes:
+                verdict = "admit" if v.admit else "reject"
+                click.echo(f"  {v.node:30} {verdict:6}  {', '.join(v.reasons)}".rstrip())
+    else:
+        click.echo(_dump({"results": [e.as_json() for e in explanations]}, output), nl=output == "json")
+    for error in errors:
+        click.echo(f"ERROR {error}", err=True)
+    if errors:
+        sys.exit(EXIT_INPUT_ERROR)
+    if any(e.admitting == 0 for e in explanations):
+        sys.exit(EXIT_DENIED)
 
 
 @main.command("test")

@@ -7,6 +7,7 @@ node rejects it and marks it Failed.
 from __future__ import annotations
 
 from ..checks import kubelet_admission
+from ..checks.placement import candidates
 from ..config import NodeAdmissionConfig
 from ..state import ClusterState
 from ..state.model import MIRROR_ANNOTATION
@@ -64,13 +65,17 @@ def check(
                 node=node_name,
             )
         ]
+    failures = kubelet_admission(review.pod, node, state.usage(node_name))
+    if not failures:
+        return []
+    elsewhere = candidates(review.pod, state, skip=(node_name,)).sentence()
     return [
         Finding(
             failure.reason,
             f"the kubelet on {node_name} would reject {review.description}: {failure.reason}: "
             f"{failure.message.rstrip()} ({failure.hint}). Drop spec.nodeName to let the "
-            "scheduler place it, or make room first.",
+            "scheduler place it, or make room first." + (f" {elsewhere}" if i == 0 else ""),
             node=node_name,
         )
-        for failure in kubelet_admission(review.pod, node, state.usage(node_name))
+        for i, failure in enumerate(failures)
     ]

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..checks import kubelet_admission
+from ..checks.placement import candidates
 from ..kube.errors import FieldError
 from ..kube.selectors import is_empty_term
 from ..state import ClusterState
@@ -51,10 +52,13 @@ def _kubelet_verdict(review: Review, state: ClusterState | None, node_name: str)
         return f"(Node capacity was not checked: {review.unreadable}.)"
     node = state.nodes.get(node_name)
     if node is None:
-        return f"Node {node_name} is not in the cluster state: no kubelet would ever run its pods."
+        elsewhere = candidates(review.pod, state, skip=(node_name,)).sentence()
+        return f"Node {node_name} is not in the cluster state: no kubelet would run its pods. {elsewhere}"
     failures = kubelet_admission(review.pod, node, state.usage(node_name))
     if failures:
-        return f"Node {node_name} would reject it: " + "; ".join(f.summary() for f in failures) + "."
+        summaries = "; ".join(f.summary() for f in failures)
+        elsewhere = candidates(review.pod, state, skip=(node_name,)).sentence()
+        return f"Node {node_name} would reject it: {summaries}. {elsewhere}"
     return f"Node {node_name} would admit one pod now; the next pod that does not fit fails."
 
 
