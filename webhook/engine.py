@@ -83,7 +83,7 @@ def evaluate(
     if namespace in config.excluded_namespaces:
         return decision
     old_shape = pod_shape(old_object) if operation == "UPDATE" and old_object else None
-    review = _review(obj, operation, old_shape)
+    review = _review(obj, operation, old_shape, shape)
     patch: list[dict[str, Any]] = []
     for name, needs_pod, run in _POLICIES:
         mode = config.mode(name)
@@ -126,9 +126,9 @@ def _patched(obj: Mapping[str, Any], fix) -> Mapping[str, Any]:
         raise FieldError("spec", "nested too deeply to read") from None
 
 
-def _review(obj: Mapping[str, Any], operation: str, old_shape) -> Review:
+def _review(obj: Mapping[str, Any], operation: str, old_shape, shape=None) -> Review:
     """Build the review; pod-relative field errors get the path inside the whole object."""
-    shape = pod_shape(obj)
+    shape = shape or pod_shape(obj)
     try:
         pod = PodUnderReview.from_shape(shape)
     except FieldError as err:

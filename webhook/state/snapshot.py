@@ -42,7 +42,7 @@ def read_snapshot(paths: Iterable[str], build: Callable[[Iterable[Document | Man
     its full passes cost as much as the parse itself at 150,000 pods.
     """
     paths = list(paths)
-    with _collector_paused():
+    with collector_paused():
         try:
             return build(_streamed_documents(paths))
         except NotStreamable:
@@ -50,7 +50,8 @@ def read_snapshot(paths: Iterable[str], build: Callable[[Iterable[Document | Man
 
 
 @contextmanager
-def _collector_paused() -> Iterator[None]:
+def collector_paused() -> Iterator[None]:
+    """The cyclic garbage collector off for a bulk build of acyclic objects."""
     enabled = gc.isenabled()
     gc.disable()
     try:
