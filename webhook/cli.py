@@ -246,12 +246,22 @@ def check(
     config = _load_config(config_path)
     state = _state_for(cluster, kubeconfig, context)
     progress = Progress(sys.stderr)
-    # Tens of thousands of objects stay alive until the report: the collector's full passes
-    # over them would cost as much as the parse, and they hold no cycles worth collecting.
+    # Tens of thousands of objects stay alive until the report is printed: the collector's
+    # full passes over them would cost as much as the parse, and they hold no cycles.
     with collector_paused():
         results, errors = _check_all(files, state, config, operation, user, groups, progress)
-    progress.done()
-    summary = Summary.of(results, errors)
+        progress.done()
+        summary = Summary.of(results, errors)
+        _report(results, errors, summary, output, fail_only)
+    if errors:
+        sys.exit(EXIT_INPUT_ERROR)
+    if summary.denied or (warnings_as_errors and summary.warned):
+        sys.exit(EXIT_DENIED)
+
+
+def _report(
+    results: list[Result], errors: list[ManifestError], summary: Summary, output: str, fail_only
+) -> None:
     if output == "text":
         _print_text(results, errors, fail_only)
         click.echo(str(summary), err=True)
@@ -271,10 +281,6 @@ def check(
             "summary": asdict(summary),
         }
         click.echo(_dump(payload, output), nl=output == "json")
-    if errors:
-        sys.exit(EXIT_INPUT_ERROR)
-    if summary.denied or (warnings_as_errors and summary.warned):
-        sys.exit(EXIT_DENIED)
 
 
 def _check_all(files, state, config, operation, user, groups, progress):
