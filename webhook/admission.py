@@ -158,6 +158,7 @@ def review(
     state: ClusterState | None,
     config: Config,
     state_unavailable: str | None = None,
+    now: float | None = None,
 ) -> Outcome:
     """Run the engine and shape its decision for ``endpoint`` (``validate`` or ``mutate``).
 
@@ -181,6 +182,7 @@ def review(
             user=request.user,
             groups=request.groups,
             state_unavailable=state_unavailable,
+            now=now,
         )
         patch = _effective_patch(request.obj, decision.patch) if endpoint == MUTATE else None
     except FieldError as err:

@@ -129,25 +129,30 @@ def _load_config(path: str | None) -> Config:
         raise InputError(str(err)) from None
 
 
-def _load_state(paths: tuple[str, ...]) -> ClusterState | None:
+def _load_state(paths: tuple[str, ...], config: Config | None = None) -> ClusterState | None:
     if not paths:
         return None
     try:
-        return load_snapshot(paths)
+        return load_snapshot(paths, config.storm_breaker if config is not None else None)
     except SnapshotError as err:
         raise InputError("cluster snapshot:\n  " + "\n  ".join(err.problems)) from None
 
 
-def _state_for(cluster: tuple[str, ...], kubeconfig: str | None, context: str | None) -> ClusterState | None:
-    """Snapshot files, or one list of a live cluster; None when neither is given."""
+def _state_for(
+    cluster: tuple[str, ...], kubeconfig: str | None, context: str | None, config: Config | None = None
+) -> ClusterState | None:
+    """Snapshot files, or one list of a live cluster; None when neither is given. With a
+    config, Failed pods feed its storm breakers."""
     if not (kubeconfig or context):
-        return _load_state(cluster)
+        return _load_state(cluster, config)
     _wants_live(cluster, kubeconfig, context)
     from .state.apiserver import ApiError
     from .state.informer import live_snapshot
+    from .state.rejections import StormBreakers
 
+    storm = StormBreakers.from_config(config.storm_breaker) if config is not None else None
     try:
-        return live_snapshot(_api_server(kubeconfig, context))
+        return live_snapshot(_api_server(kubeconfig, context), storm=storm)
     except ApiError as err:
         raise InputError(f"cannot list nodes and pods: {err}") from None
 
@@ -244,7 +249,7 @@ def check(
     skipped), 1 any denied (or warned, with --warnings-as-errors), 2 usage or input error.
     """
     config = _load_config(config_path)
-    state = _state_for(cluster, kubeconfig, context)
+    state = _state_for(cluster, kubeconfig, context, config)
     progress = Progress(sys.stderr)
     # Tens of thousands of objects stay alive until the report is printed: the collector's
     # full passes over them would cost as much as the parse, and they hold no cycles.
@@ -293,7 +298,9 @@ def _check_all(files, state, config, operation, user, groups, progress):
             errors.append(doc)
             continue
         try:
-            decision = evaluate(doc.obj, operation, state, config, user=user, groups=tuple(groups))
+            decision = evaluate(
+                doc.obj, operation, state, config, user=user, groups=tuple(groups), now=time.time()
+            )
             if decision.unreadable:
                 raise decision.unreadable
         except FieldError as err:
@@ -552,18 +559,20 @@ def serve(
     live = _wants_live(cluster, kubeconfig, context)
     if live:
         _api_server(kubeconfig, context)  # fail now, not in every worker
-    state = None if live else _load_state(cluster)
+    state = None if live else _load_state(cluster, config)
     _metrics_dir()
     # Imported only now: the metrics client picks its multi-process mode at import time.
     from .server import create_app, log_decisions_to_stderr
     from .serving import GuardServer, ServeOptions
     from .state.informer import Informer, Timing
+    from .state.rejections import StormBreakers
     from .state.source import FixedState
 
     def app():
         """Runs in each worker after the fork: threads and connections are per process."""
         if live:
-            source = Informer(_api_server(kubeconfig, context), Timing(max_age=max_state_age)).start()
+            storm = StormBreakers.from_config(config.storm_breaker)
+            source = Informer(_api_server(kubeconfig, context), Timing(max_age=max_state_age), storm).start()
             return create_app(
                 config,
                 source,

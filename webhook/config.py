@@ -44,9 +44,40 @@ class DeviceSchedulerConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class UnsafeSysctls:
+    """A kubelet's ``--allowed-unsafe-sysctls`` for the nodes whose labels match ``node_selector``."""
+
+    node_selector: tuple[tuple[str, str], ...]
+    sysctls: tuple[str, ...]  # names, or prefixes ending in ``*``
+
+    def applies_to(self, labels: Mapping[str, str]) -> bool:
+        return all(labels.get(key) == value for key, value in self.node_selector)
+
+
+@dataclass(frozen=True, slots=True)
 class NodeAdmissionConfig:
     mode: str = "enforce"
     unknown_node: str = "deny"
+    allowed_unsafe_sysctls: tuple[UnsafeSysctls, ...] = ()
+
+    def unsafe_sysctls_for(self, labels: Mapping[str, str]) -> tuple[str, ...]:
+        """The unsafe sysctls the kubelet of a node with these labels allows."""
+        if not self.allowed_unsafe_sysctls:
+            return ()
+        return tuple(
+            name
+            for entry in self.allowed_unsafe_sysctls
+            if entry.applies_to(labels)
+            for name in entry.sysctls
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class StormBreakerConfig:
+    mode: str = "enforce"
+    threshold: int = 20
+    window_seconds: float = 300.0
+    cooldown_seconds: float = 120.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,16 +107,18 @@ class Config:
     pinned_node_name: PinnedNodeNameConfig = field(default_factory=PinnedNodeNameConfig)
     device_scheduler: DeviceSchedulerConfig = field(default_factory=DeviceSchedulerConfig)
     node_admission: NodeAdmissionConfig = field(default_factory=NodeAdmissionConfig)
+    storm_breaker: StormBreakerConfig = field(default_factory=StormBreakerConfig)
 
     def mode(self, policy: str) -> str:
         return {
             "pinnedNodeName": self.pinned_node_name.mode,
             "deviceScheduler": self.device_scheduler.mode,
             "nodeAdmission": self.node_admission.mode,
+            "stormBreaker": self.storm_breaker.mode,
         }[policy]
 
 
-POLICY_NAMES = ("pinnedNodeName", "deviceScheduler", "nodeAdmission")
+POLICY_NAMES = ("pinnedNodeName", "deviceScheduler", "nodeAdmission", "stormBreaker")
 
 
 def load_config(path: str | Path) -> Config:
@@ -118,6 +151,7 @@ def config_from_dict(data: Any, source: str = "config") -> Config:
         pinned_node_name=_pinned(reader, policies.get("pinnedNodeName") or {}),
         device_scheduler=_device(reader, policies.get("deviceScheduler") or {}),
         node_admission=_node(reader, policies.get("nodeAdmission") or {}),
+        storm_breaker=_storm(reader, policies.get("stormBreaker") or {}),
     )
     reader.finish()
     return config
@@ -164,12 +198,51 @@ def _pinned(reader: _Reader, data: Any) -> PinnedNodeNameConfig:
 
 def _node(reader: _Reader, data: Any) -> NodeAdmissionConfig:
     where = "policies.nodeAdmission"
-    data = reader.mapping(data, where, {"mode", "unknownNode"})
+    data = reader.mapping(data, where, {"mode", "unknownNode", "allowedUnsafeSysctls"})
     unknown = data.get("unknownNode", "deny")
     if unknown not in ("deny", "allow"):
         reader.fail(f"{where}.unknownNode", f"{unknown!r} is not one of deny, allow")
     mode = _mode(reader, data, where, tuple(m for m in MODES if m != "fix"))
-    return NodeAdmissionConfig(mode=mode, unknown_node=unknown)
+    entries = reader.sequence(data.get("allowedUnsafeSysctls") or [], f"{where}.allowedUnsafeSysctls")
+    return NodeAdmissionConfig(
+        mode=mode,
+        unknown_node=unknown,
+        allowed_unsafe_sysctls=tuple(
+            _unsafe_sysctls(reader, entry, f"{where}.allowedUnsafeSysctls[{i}]")
+            for i, entry in enumerate(entries)
+        ),
+    )
+
+
+def _unsafe_sysctls(reader: _Reader, data: Any, where: str) -> UnsafeSysctls:
+    from .kube.sysctls import namespace_of
+
+    data = reader.mapping(data, where, {"nodeSelector", "sysctls"})
+    selector = reader.mapping(data.get("nodeSelector") or {}, f"{where}.nodeSelector")
+    if not all(isinstance(v, str) for v in selector.values()):
+        reader.fail(f"{where}.nodeSelector", "label values must be strings")
+    sysctls = reader.strings(data.get("sysctls") or [], f"{where}.sysctls")
+    for name in sysctls:
+        # The kubelet refuses to start with a sysctl that no pod namespace isolates.
+        if namespace_of(name.removesuffix("*")) is None:
+            reader.fail(f"{where}.sysctls", f"{name!r} is not a namespaced sysctl (kubelets refuse it)")
+    return UnsafeSysctls(tuple((str(k), str(v)) for k, v in selector.items()), sysctls)
+
+
+def _storm(reader: _Reader, data: Any) -> StormBreakerConfig:
+    where = "policies.stormBreaker"
+    data = reader.mapping(data, where, {"mode", "threshold", "windowSeconds", "cooldownSeconds"})
+    defaults = StormBreakerConfig()
+    return StormBreakerConfig(
+        mode=_mode(reader, data, where, tuple(m for m in MODES if m != "fix")),
+        threshold=int(reader.number(data.get("threshold", defaults.threshold), f"{where}.threshold", 1)),
+        window_seconds=reader.number(
+            data.get("windowSeconds", defaults.window_seconds), f"{where}.windowSeconds", 1
+        ),
+        cooldown_seconds=reader.number(
+            data.get("cooldownSeconds", defaults.cooldown_seconds), f"{where}.cooldownSeconds", 0.001
+        ),
+    )
 
 
 def _device(reader: _Reader, data: Any) -> DeviceSchedulerConfig:
@@ -262,6 +335,12 @@ class _Reader:
             self.fail(where, "must be a list of strings")
             return ()
         return tuple(items)
+
+    def number(self, data: Any, where: str, minimum: float) -> float:
+        if isinstance(data, bool) or not isinstance(data, int | float) or data < minimum:
+            self.fail(where, f"must be a number >= {minimum:g}")
+            return minimum
+        return float(data)
 
     def boolean(self, data: Any, where: str, default: bool) -> bool:
         if not isinstance(data, bool):

@@ -16,7 +16,7 @@ from .checks import PodUnderReview
 from .config import Config
 from .kube.errors import FieldError, mapping_at
 from .kube.workloads import pod_shape
-from .policies import Finding, Review, device_scheduler, node_admission, pinned_node_name
+from .policies import Finding, Review, device_scheduler, node_admission, pinned_node_name, storm_breaker
 from .state import ClusterState
 
 OPERATIONS = ("CREATE", "UPDATE")
@@ -65,6 +65,7 @@ def evaluate(
     user: str = "",
     groups: tuple[str, ...] = (),
     state_unavailable: str | None = None,
+    now: float | None = None,
 ) -> Decision:
     """Decide on one object. Raises ``FieldError`` (with the full field path) when the object
     has no readable pod at all; a pod whose fields are unreadable (a malformed quantity) is
@@ -72,7 +73,8 @@ def evaluate(
 
     ``state`` None means "no cluster state": checks that need node state become warnings.
     ``state_unavailable`` says why live state should have been there but is not usable (not
-    yet synced, too old): node checks then answer per ``config.fail_open``.
+    yet synced, too old): node checks then answer per ``config.fail_open``. ``now`` (wall-clock
+    seconds) is when the storm breakers are asked; without it they are not consulted.
     Kinds that create no pods, and operations other than CREATE/UPDATE, pass untouched.
     """
     decision = Decision()
@@ -85,6 +87,7 @@ def evaluate(
     old_shape = pod_shape(old_object) if operation == "UPDATE" and old_object else None
     review = _review(obj, operation, old_shape, shape)
     patch: list[dict[str, Any]] = []
+    context = Context(state, config, state_unavailable, now)
     for name, needs_pod, run in _POLICIES:
         mode = config.mode(name)
         if mode == "off" or any(e.covers(name, namespace, user, groups) for e in config.exemptions):
@@ -92,7 +95,7 @@ def evaluate(
         if needs_pod and review.pod is None:
             decision.unchecked.append(name)
             continue
-        for finding in run(review, state, config, state_unavailable):
+        for finding in run(review, context):
             fix = _apply(decision, name, mode, finding)
             if fix:
                 # Later policies judge the object as it will be stored.
@@ -138,20 +141,40 @@ def _review(obj: Mapping[str, Any], operation: str, old_shape, shape=None) -> Re
     return Review(obj, shape, pod, operation, old_shape)
 
 
+@dataclass(frozen=True, slots=True)
+class Context:
+    """What a policy may read besides the object: the state, the config, why the state is
+    unusable (if it is), and the time the caller says it is (the engine has no clock)."""
+
+    state: ClusterState | None
+    config: Config
+    unavailable: str | None
+    now: float | None
+
+
 # (name, needs the pod's fields, check). ``pinnedNodeName`` judges the template's nodeName
 # alone, so an unreadable request elsewhere in the pod cannot make it fail open.
 _POLICIES = (
-    (pinned_node_name.NAME, False, lambda review, state, config, _: pinned_node_name.check(review, state)),
+    (
+        pinned_node_name.NAME,
+        False,
+        lambda review, c: pinned_node_name.check(review, c.state, c.config.node_admission),
+    ),
     (
         device_scheduler.NAME,
         True,
-        lambda review, state, config, _: device_scheduler.check(review, state, config.device_scheduler),
+        lambda review, c: device_scheduler.check(review, c.state, c.config.device_scheduler),
     ),
     (
         node_admission.NAME,
         True,
-        lambda review, state, config, unavailable: node_admission.check(
-            review, state, config.node_admission, unavailable, config.fail_open
+        lambda review, c: node_admission.check(
+            review, c.state, c.config.node_admission, c.unavailable, c.config.fail_open
         ),
+    ),
+    (
+        storm_breaker.NAME,
+        False,
+        lambda review, c: storm_breaker.check(review, c.state, c.config.storm_breaker, c.now),
     ),
 )

@@ -19,6 +19,7 @@ from . import admission
 from .admission import MUTATE, VALIDATE, AdmissionRequest, Outcome, ReviewError
 from .config import Config
 from .decision_log import flush_decision_lines, log_lines_in_background
+from .kube.rejection import controller_owner
 from .metrics import Metrics
 from .state.source import StateSource
 
@@ -68,8 +69,11 @@ def create_app(
             metrics.count_bad_request(endpoint, 400)
             return _error(400, f"unreadable AdmissionReview ({type(err).__name__})")
         try:
+            now = time.time()
             with source.reading() as view:
-                outcome = admission.review(req, endpoint, view.state, config, view.unavailable)
+                outcome = admission.review(req, endpoint, view.state, config, view.unavailable, now)
+                if endpoint == VALIDATE:
+                    _admit_storm_probe(view.state, req, outcome, now)
         except Exception as err:  # a bug must not become a 500 on the path of every pod
             logging.getLogger(__name__).exception("review %s failed", req.uid)
             outcome = admission.unchecked(req, endpoint, f"internal error ({type(err).__name__})", config)
@@ -135,6 +139,19 @@ def _record(metrics: Metrics, endpoint: str, outcome: Outcome, latency: float) -
         findings += [("audited", v) for v in decision.audited]
     for outcome_label, violation in findings:
         metrics.count_finding(violation.policy, violation.reason, outcome_label)
+
+
+def _admit_storm_probe(state, req: AdmissionRequest, outcome: Outcome, now: float) -> None:
+    """An allowed pod of an owner whose breaker waits for a probe is that probe: record it, so
+    the owner's next pods are denied until the probe runs or is rejected."""
+    storm = state.storm if state is not None else None
+    if storm is None or not storm.breakers or not outcome.allowed or req.dry_run:
+        return
+    if req.operation != "CREATE" or req.kind != "Pod" or req.obj is None:
+        return
+    owner = controller_owner(req.obj)
+    if owner is not None and storm.verdict(owner.uid, now).probe:
+        storm.probe_admitted(owner.uid, now)
 
 
 def _log_line(endpoint: str, outcome: Outcome, latency: float) -> str:

@@ -17,6 +17,7 @@ from .operating_system import os_field_mismatch, os_label_mismatch
 from .preemption import critical_pod_failures
 from .resource_fit import insufficient_resources
 from .supplemental_groups import supplemental_groups_unsupported
+from .sysctl import forbidden_sysctl
 from .taint_toleration import untolerated_no_execute_taint
 
 
@@ -35,10 +36,13 @@ class PodUnderReview:
         return cls(shape.metadata, shape.spec, record)
 
 
-def kubelet_admission(pod: PodUnderReview, node: Node, usage: NodeUsage) -> list[Failure]:
+def kubelet_admission(
+    pod: PodUnderReview, node: Node, usage: NodeUsage, unsafe_sysctls: tuple[str, ...] = ()
+) -> list[Failure]:
     """Every reason the kubelet on ``node`` would reject ``pod``; the first is what it reports.
 
-    Order: eviction manager, OS label, OS field, supplemental groups, then the general filter
+    ``unsafe_sysctls``: the node kubelet's ``--allowed-unsafe-sysctls`` (from the config).
+    Order: eviction manager, sysctls, OS label, OS field, supplemental groups, then the general filter
     (resources, node affinity, node name, host ports, NoExecute taints) with the critical-pod
     rule applied to the general filter's failures only, as ``predicateAdmitHandler.Admit`` does.
     """
@@ -47,6 +51,7 @@ def kubelet_admission(pod: PodUnderReview, node: Node, usage: NodeUsage) -> list
         f
         for f in (
             node_pressure(pod, node),
+            forbidden_sysctl(pod, node, unsafe_sysctls),
             os_label_mismatch(pod, node),
             os_field_mismatch(pod, node),
             supplemental_groups_unsupported(pod, node),

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from ..config import NodeAdmissionConfig
 from ..state.model import ClusterState, Node
 from .failure import Failure
 from .kubelet import PodUnderReview, kubelet_admission
@@ -25,9 +26,12 @@ def unpinned(pod: PodUnderReview) -> PodUnderReview:
     return PodUnderReview(pod.metadata, {k: v for k, v in pod.spec.items() if k != "nodeName"}, pod.record)
 
 
-def verdict(pod: PodUnderReview, node: Node, state: ClusterState) -> list[Failure]:
+def verdict(
+    pod: PodUnderReview, node: Node, state: ClusterState, config: NodeAdmissionConfig | None = None
+) -> list[Failure]:
     """Every reason the kubelet on ``node`` would reject ``pod`` (empty: it would admit it)."""
-    return kubelet_admission(pod, node, state.usage(node.name))
+    unsafe = config.unsafe_sysctls_for(node.labels) if config is not None else ()
+    return kubelet_admission(pod, node, state.usage(node.name), unsafe)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +50,13 @@ class Candidates:
         return f"None of the {self.total} nodes would admit it now."
 
 
-def candidates(pod: PodUnderReview, state: ClusterState, *, skip: Iterable[str] = ()) -> Candidates:
+def candidates(
+    pod: PodUnderReview,
+    state: ClusterState,
+    *,
+    skip: Iterable[str] = (),
+    config: NodeAdmissionConfig | None = None,
+) -> Candidates:
     """A few nodes that would admit ``pod``; stops at ``MESSAGE_NAMES`` found or
     ``MESSAGE_SCAN`` examined."""
     pod, skipped = unpinned(pod), set(skip)
@@ -58,6 +68,6 @@ def candidates(pod: PodUnderReview, state: ClusterState, *, skip: Iterable[str] 
         if scanned == MESSAGE_SCAN or len(admitting) == MESSAGE_NAMES:
             break
         scanned += 1
-        if not verdict(pod, node, state):
+        if not verdict(pod, node, state, config):
             admitting.append(name)
     return Candidates(tuple(admitting), scanned, len(state.nodes) - len(skipped & state.nodes.keys()))

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..checks import kubelet_admission
-from ..checks.placement import candidates
+from ..checks.placement import candidates, verdict
+from ..config import NodeAdmissionConfig
 from ..kube.errors import FieldError
 from ..kube.selectors import is_empty_term
 from ..state import ClusterState
@@ -21,16 +21,19 @@ NAME = "pinnedNodeName"
 REASON = "PinnedNodeName"
 
 
-def check(review: Review, state: ClusterState | None) -> list[Finding]:
+def check(
+    review: Review, state: ClusterState | None, node_config: NodeAdmissionConfig | None = None
+) -> list[Finding]:
     shape = review.shape
     node = shape.spec.get("nodeName")
     if not shape.is_template or not node:
         return []
     if review.old_shape is not None and review.old_shape.spec.get("nodeName") == node:
         return []  # existing objects must stay updatable (finalizers, labels, scale)
+    verdict_now = _kubelet_verdict(review, state, node, node_config)
     message = (
         f"{review.description} sets {_field(shape)} to {node!r}: its pods skip the scheduler, "
-        f"and every pod the kubelet rejects is replaced at once. {_kubelet_verdict(review, state, node)} "
+        f"and every pod the kubelet rejects is replaced at once. {verdict_now} "
         f"Pin the node with required node affinity on metadata.name or a nodeSelector on "
         f"kubernetes.io/hostname instead (mode fix rewrites it)."
     )
@@ -45,19 +48,21 @@ def _field(shape) -> str:
     return shape.path.lstrip("/").replace("/", ".") + ".spec.nodeName"
 
 
-def _kubelet_verdict(review: Review, state: ClusterState | None, node_name: str) -> str:
+def _kubelet_verdict(
+    review: Review, state: ClusterState | None, node_name: str, node_config: NodeAdmissionConfig | None
+) -> str:
     if state is None:
         return "(No cluster state given, so node capacity was not checked.)"
     if review.pod is None:
         return f"(Node capacity was not checked: {review.unreadable}.)"
     node = state.nodes.get(node_name)
     if node is None:
-        elsewhere = candidates(review.pod, state, skip=(node_name,)).sentence()
+        elsewhere = candidates(review.pod, state, skip=(node_name,), config=node_config).sentence()
         return f"Node {node_name} is not in the cluster state: no kubelet would run its pods. {elsewhere}"
-    failures = kubelet_admission(review.pod, node, state.usage(node_name))
+    failures = verdict(review.pod, node, state, node_config)
     if failures:
         summaries = "; ".join(f.summary() for f in failures)
-        elsewhere = candidates(review.pod, state, skip=(node_name,)).sentence()
+        elsewhere = candidates(review.pod, state, skip=(node_name,), config=node_config).sentence()
         return f"Node {node_name} would reject it: {summaries}. {elsewhere}"
     return f"Node {node_name} would admit one pod now; the next pod that does not fit fails."
 

@@ -25,6 +25,7 @@ import orjson
 from ..kube.errors import FieldError
 from .apiserver import ApiError, ApiServer, watch_lines
 from .model import ClusterState, node_from, object_key, pod_record
+from .rejections import StormBreakers
 from .source import Readiness, StateView
 
 log = logging.getLogger(__name__)
@@ -83,10 +84,12 @@ def _kinds(state: ClusterState) -> tuple[_Kind, _Kind]:
 class Informer:
     """Keeps a ``ClusterState`` current from the API server; a ``StateSource`` for the server."""
 
-    def __init__(self, api: ApiServer, timing: Timing | None = None) -> None:
+    def __init__(
+        self, api: ApiServer, timing: Timing | None = None, storm: StormBreakers | None = None
+    ) -> None:
         self.api = api
         self.timing = timing or Timing()
-        self.state = ClusterState()
+        self.state = ClusterState(storm)
         self.lock = threading.Lock()
         self.relists = 0
         self.events = 0
@@ -198,6 +201,9 @@ class Informer:
         token, resource_version = "", ""
         while True:
             page = self.api.list_page(kind.name, self.timing.page_size, token)
+            if kind.name == "pods" and self.state.storm is not None:
+                for obj in page.items:
+                    self.state.storm.observe(obj, None)  # listed: rejected at its creation time
             built = [(kind.key(obj), self._build(kind, obj)) for obj in page.items]
             with self.lock:
                 for key, value in built:
@@ -242,6 +248,8 @@ class Informer:
             raise ApiError(int(obj.get("code") or 0), str(obj.get("message") or "watch error"))
         resource_version = (obj.get("metadata") or {}).get("resourceVersion")
         if kind_of_event in ("ADDED", "MODIFIED"):
+            if kind.name == "pods" and self.state.storm is not None:
+                self.state.storm.observe(obj, time.time())  # first seen Failed: now
             key, value = kind.key(obj), self._build(kind, obj)
             with self.lock:
                 self._set(kind, key, value)
@@ -275,9 +283,9 @@ class Informer:
         self._heard_wall = time.time()
 
 
-def live_snapshot(api: ApiServer, page_size: int = 500) -> ClusterState:
+def live_snapshot(api: ApiServer, page_size: int = 500, storm: StormBreakers | None = None) -> ClusterState:
     """One paginated list of nodes and pods, for a dry run against the live cluster."""
-    return Informer(api, Timing(page_size=page_size)).list_once()
+    return Informer(api, Timing(page_size=page_size), storm).list_once()
 
 
 def _interrupt(response) -> None:

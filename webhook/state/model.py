@@ -19,6 +19,7 @@ from ..kube.pod_fields import check_pod_fields
 from ..kube.ports import HostPort, host_ports
 from ..kube.resources import ResourceVector, is_extended_resource, pod_requests, resource_list
 from ..kube.tolerations import Taint, taint_from
+from .rejections import StormBreakers
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 PRESSURE_CONDITIONS = ("MemoryPressure", "DiskPressure", "PIDPressure")
@@ -56,6 +57,8 @@ class Node:
     pressure: tuple[str, ...] = ()
     operating_system: str = "linux"
     supplemental_groups_policy: bool = False
+    kubelet_version: str = ""  # status.nodeInfo: the sysctl safe set depends on both
+    kernel_version: str = ""
 
 
 @dataclass(slots=True)
@@ -159,6 +162,8 @@ def node_from(obj: Mapping[str, Any]) -> Node:
         # The kubelet writes its runtime.GOOS here; the label is a fallback for hand-made nodes.
         operating_system=str(node_info.get("operatingSystem") or labels.get("kubernetes.io/os") or "linux"),
         supplemental_groups_policy=features.get("supplementalGroupsPolicy") is True,
+        kubelet_version=sys.intern(str(node_info.get("kubeletVersion") or "")),
+        kernel_version=sys.intern(str(node_info.get("kernelVersion") or "")),
     )
 
 
@@ -172,9 +177,10 @@ def _list(obj: Mapping[str, Any], key: str, field: str) -> list[Any]:
 class ClusterState:
     """Nodes, active pods and their aggregates; mutated only through the methods below."""
 
-    __slots__ = ("_device_schedulers", "_usage", "nodes", "pods")
+    __slots__ = ("_device_schedulers", "_usage", "nodes", "pods", "storm")
 
-    def __init__(self) -> None:
+    def __init__(self, storm: StormBreakers | None = None) -> None:
+        self.storm = storm  # per-owner admission rejections, when a source records them
         self.nodes: dict[str, Node] = {}
         self.pods: dict[str, PodRecord] = {}
         self._usage: dict[str, NodeUsage] = {}

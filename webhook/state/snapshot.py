@@ -11,12 +11,16 @@ import gc
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from ..json_items import NotStreamable, list_items
 from ..kube.errors import FieldError
 from ..manifests import Document, Location, ManifestError, list_item, manifest_files, read_documents
 from .model import ClusterState, node_from, object_key, pod_record
+from .rejections import StormBreakers
+
+if TYPE_CHECKING:
+    from ..config import StormBreakerConfig
 
 T = TypeVar("T")
 
@@ -29,9 +33,13 @@ class SnapshotError(ValueError):
         self.problems = problems
 
 
-def load_snapshot(paths: Iterable[str]) -> ClusterState:
-    """Build a ``ClusterState`` from Node and Pod objects; other kinds are ignored."""
-    return read_snapshot(paths, _build)
+def load_snapshot(paths: Iterable[str], storm: StormBreakerConfig | None = None) -> ClusterState:
+    """Build a ``ClusterState`` from Node and Pod objects; other kinds are ignored.
+
+    With ``storm`` settings, Failed pods are recorded as admission rejections at their
+    creation time, in breakers with those settings.
+    """
+    return read_snapshot(paths, lambda documents: _build(documents, storm))
 
 
 def read_snapshot(paths: Iterable[str], build: Callable[[Iterable[Document | ManifestError]], T]) -> T:
@@ -61,8 +69,8 @@ def collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _build(documents: Iterable[Document | ManifestError]) -> ClusterState:
-    state = ClusterState()
+def _build(documents: Iterable[Document | ManifestError], storm: StormBreakerConfig | None) -> ClusterState:
+    state = ClusterState(StormBreakers.from_config(storm) if storm is not None else None)
     problems: list[str] = []
     for doc in documents:
         if isinstance(doc, ManifestError):
@@ -73,6 +81,8 @@ def _build(documents: Iterable[Document | ManifestError]) -> ClusterState:
             if kind == "Node":
                 state.set_node(node_from(doc.obj))
             elif kind == "Pod":
+                if state.storm is not None:
+                    state.storm.observe(doc.obj, None)
                 state.set_pod(object_key(doc.obj), pod_record(doc.obj))
         except FieldError as err:
             problems.append(f"{doc.location}: {kind}: field {err}")

@@ -1,0 +1,64 @@
+"""``stormBreaker``: while an owner's pods keep being rejected by kubelets, refuse its new pods.
+
+A ReplicaSet, ReplicationController or StatefulSet replaces every pod the kubelet rejects at
+once, whatever the reason (a dead GPU, a topology error, a label change): thousands of Failed
+pods in minutes. Denying the controller's CREATEs makes it back off instead. The breakers live
+in the cluster state (``state/rejections.py``); this policy only reads them.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections import Counter
+
+from ..config import StormBreakerConfig
+from ..kube.rejection import controller_owner
+from ..state import ClusterState
+from ..state.rejections import Breaker
+from . import Finding, Review
+
+NAME = "stormBreaker"
+REASON = "AdmissionStorm"
+
+
+def check(
+    review: Review, state: ClusterState | None, config: StormBreakerConfig, now: float | None
+) -> list[Finding]:
+    if review.shape.kind != "Pod" or review.operation != "CREATE" or now is None:
+        return []
+    if state is None or state.storm is None:
+        return []
+    owner = controller_owner(review.obj)
+    if owner is None:
+        return []
+    verdict = state.storm.verdict(owner.uid, now)
+    if not verdict.deny:
+        return []
+    return [Finding(REASON, _message(review, verdict.breaker, now))]
+
+
+def _message(review: Review, breaker: Breaker, now: float) -> str:
+    owner = breaker.owner
+    wait = max(0.0, breaker.cooldown - (now - max(breaker.last_rejection, breaker.probe_at or 0.0)))
+    return (
+        f"{owner.kind} {owner.namespace}/{owner.name} is in an admission storm: kubelets rejected "
+        f"{breaker.total} of its pods (reasons {_top(breaker.reasons)}; nodes {_top(breaker.nodes)}). "
+        f"Its new pods are refused so the controller backs off; in about {wait:.0f} s one probe pod "
+        f"is admitted, and a pod that runs ends the storm. Fix the cause, then clean up: "
+        f"{cleanup_command(review, owner.namespace)}"
+    )
+
+
+def cleanup_command(review: Review, namespace: str) -> str:
+    """Deletes the owner's Failed pods: they carry the labels of the pod under review. Without
+    labels to select them by, only a listing: a bare delete would take other owners' pods too."""
+    labels = review.shape.metadata.get("labels") or {}
+    selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()) if isinstance(v, str))
+    failed = f"-n {shlex.quote(namespace)} --field-selector=status.phase=Failed"
+    if selector:
+        return f"kubectl delete pods {failed} -l {shlex.quote(selector)}"
+    return f"kubectl get pods {failed} (then delete this owner's)"
+
+
+def _top(counts: Counter[str], limit: int = 3) -> str:
+    return ", ".join(f"{name} x{n}" for name, n in counts.most_common(limit))

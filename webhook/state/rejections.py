@@ -1,0 +1,196 @@
+"""Per-owner records of pods the kubelet rejected at admission, and a breaker per owner.
+
+Every worker's informer sees the same Failed pods, so every worker's breakers reach the same
+state without talking to each other. A rejection's time is when the guard first saw the pod
+Failed (a watch event), or the pod's ``creationTimestamp`` when it was found by a list or in a
+snapshot. Memory is bounded by owners x window: an owner keeps at most ``MAX_KEPT`` recent
+rejections, and closed owners with nothing in the window are forgotten.
+
+Breaker per owner (the controller ``ownerReference``):
+closed → open when ``threshold`` rejections fall within ``window``; open denies the owner's pod
+CREATEs; ``cooldown`` after the last rejection it admits one probe (half-open) and still denies
+the others; the probe rejected → open again with the cool-down doubled (at most an hour); a
+pod of the owner seen Running while half-open → closed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter, deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from ..kube.rejection import Owner, admission_rejection, controller_owner
+
+log = logging.getLogger(__name__)
+
+CLOSED, OPEN, HALF_OPEN = "closed", "open", "half-open"
+MAX_COOLDOWN = 3600.0
+MAX_KEPT = 1024  # recent rejections kept per owner, whatever the storm's size
+
+
+@dataclass(slots=True)
+class Breaker:
+    owner: Owner
+    recent: deque[tuple[float, str]] = field(default_factory=lambda: deque(maxlen=MAX_KEPT))
+    seen: set[str] = field(default_factory=set)  # the pods in ``recent``
+    reasons: Counter[str] = field(default_factory=Counter)
+    nodes: Counter[str] = field(default_factory=Counter)
+    total: int = 0
+    state: str = CLOSED
+    last_rejection: float = 0.0
+    cooldown: float = 0.0
+    probe_at: float | None = None
+
+    def in_window(self, now: float, window: float) -> int:
+        return sum(1 for at, _ in self.recent if at > now - window)
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What the breaker says about one more pod of its owner, at a given time."""
+
+    deny: bool
+    probe: bool  # allowed as the half-open probe
+    breaker: Breaker | None
+
+
+_ALLOW = Verdict(False, False, None)
+
+
+class StormBreakers:
+    """The breakers of every owner whose pods the kubelet rejected; thread-safe."""
+
+    def __init__(self, threshold: int = 20, window: float = 300.0, cooldown: float = 120.0) -> None:
+        self.threshold, self.window, self.base_cooldown = threshold, window, cooldown
+        self.breakers: dict[str, Breaker] = {}
+        self.trips = 0
+        self.probes = 0
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_config(cls, config) -> StormBreakers:
+        return cls(config.threshold, config.window_seconds, config.cooldown_seconds)
+
+    # -- what the informer and the snapshot loader report --------------------------------
+
+    def observe(self, pod: Mapping[str, Any], seen_at: float | None) -> None:
+        """A pod from a watch event (``seen_at``: now) or a list/snapshot (None: its
+        ``creationTimestamp``). Only Failed-at-admission and Running pods of an owner matter."""
+        status = pod.get("status")
+        phase = status.get("phase") if isinstance(status, Mapping) else None
+        if phase == "Running":
+            if self.breakers:
+                owner = controller_owner(pod)
+                if owner is not None and owner.uid in self.breakers:
+                    self.running(owner.uid, seen_at if seen_at is not None else _created(pod) or 0.0)
+            return
+        if phase != "Failed":
+            return
+        rejection = admission_rejection(pod)
+        owner = controller_owner(pod) if rejection is not None else None
+        if owner is None:
+            return
+        at = seen_at if seen_at is not None else _created(pod)
+        if at is None:
+            return
+        metadata = pod.get("metadata") or {}
+        spec = pod.get("spec")
+        node = spec.get("nodeName") if isinstance(spec, Mapping) else ""
+        key = str(metadata.get("uid") or f"{owner.namespace}/{metadata.get('name')}")
+        self.rejected(owner, key, rejection.reason, str(node or ""), at)
+
+    def rejected(self, owner: Owner, pod: str, reason: str, node: str, at: float) -> None:
+        with self._lock:
+            breaker = self.breakers.get(owner.uid)
+            if breaker is None:
+                breaker = self.breakers[owner.uid] = Breaker(owner)
+            if pod in breaker.seen:
+                return  # the same Failed pod, modified again
+            if len(breaker.recent) == breaker.recent.maxlen:
+                breaker.seen.discard(breaker.recent[0][1])
+            breaker.recent.append((at, pod))
+            breaker.seen.add(pod)
+            breaker.reasons[reason] += 1
+            breaker.nodes[node or "<no node>"] += 1
+            breaker.total += 1
+            breaker.last_rejection = max(breaker.last_rejection, at)
+            if breaker.state == HALF_OPEN:
+                self._open(breaker, at, min(2 * breaker.cooldown, MAX_COOLDOWN), "the probe was rejected")
+            elif breaker.state == CLOSED and breaker.in_window(at, self.window) >= self.threshold:
+                self.trips += 1
+                self._open(breaker, at, self.base_cooldown, f"{self.threshold} rejections within the window")
+
+    def running(self, owner_uid: str, at: float) -> None:
+        """A pod of the owner is Running: a half-open breaker closes."""
+        with self._lock:
+            breaker = self.breakers.get(owner_uid)
+            if breaker is not None and breaker.state == HALF_OPEN and at >= (breaker.probe_at or 0.0):
+                breaker.state, breaker.probe_at = CLOSED, None
+                breaker.recent.clear()
+                breaker.seen.clear()
+                log.info("storm breaker closed for %s: a pod is Running", _describe(breaker.owner))
+
+    # -- what a review asks, and what the server reports back ----------------------------
+
+    def verdict(self, owner_uid: str, now: float) -> Verdict:
+        """Pure read: deny, admit as the probe, or admit."""
+        breaker = self.breakers.get(owner_uid)
+        if breaker is None or breaker.state == CLOSED:
+            return _ALLOW
+        if breaker.state == OPEN:
+            if now - breaker.last_rejection >= breaker.cooldown:
+                return Verdict(False, True, breaker)
+            return Verdict(True, False, breaker)
+        # Half-open: one probe at a time; a probe that never showed up is replaced after a cool-down.
+        if breaker.probe_at is not None and now - breaker.probe_at < breaker.cooldown:
+            return Verdict(True, False, breaker)
+        return Verdict(False, True, breaker)
+
+    def probe_admitted(self, owner_uid: str, now: float) -> None:
+        with self._lock:
+            breaker = self.breakers.get(owner_uid)
+            if breaker is None or breaker.state == CLOSED:
+                return
+            breaker.state, breaker.probe_at = HALF_OPEN, now
+            self.probes += 1
+            log.info("storm breaker half-open for %s: one probe pod admitted", _describe(breaker.owner))
+
+    def open_breakers(self) -> list[Breaker]:
+        with self._lock:
+            return [b for b in self.breakers.values() if b.state != CLOSED]
+
+    def prune(self, now: float) -> None:
+        """Forget closed owners with nothing in the window (memory: owners x window)."""
+        with self._lock:
+            for uid in [
+                uid
+                for uid, b in self.breakers.items()
+                if b.state == CLOSED and b.last_rejection <= now - self.window
+            ]:
+                del self.breakers[uid]
+
+    def _open(self, breaker: Breaker, at: float, cooldown: float, why: str) -> None:
+        breaker.state, breaker.cooldown, breaker.probe_at = OPEN, cooldown, None
+        log.info(
+            "storm breaker open for %s: %s; cool-down %.0f s", _describe(breaker.owner), why, cooldown
+        )
+
+
+def _describe(owner: Owner) -> str:
+    return f"{owner.kind} {owner.namespace}/{owner.name}"
+
+
+def _created(pod: Mapping[str, Any]) -> float | None:
+    metadata = pod.get("metadata")
+    stamp = metadata.get("creationTimestamp") if isinstance(metadata, Mapping) else None
+    if not isinstance(stamp, str):
+        return None
+    try:
+        moment = datetime.fromisoformat(stamp)
+    except ValueError:
+        return None
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
