@@ -7,7 +7,10 @@ node rejects it and marks it Failed.
 from __future__ import annotations
 
 from ..checks import kubelet_admission
+from ..checks.node_affinity import node_affinity_mismatch
 from ..checks.placement import candidates
+from ..checks.sysctl import REASON as SYSCTL_FORBIDDEN
+from ..checks.sysctl import forbidden_sysctl, pod_sysctls
 from ..config import NodeAdmissionConfig
 from ..state import ClusterState
 from ..state.model import MIRROR_ANNOTATION
@@ -28,7 +31,9 @@ def check(
     """``unavailable`` says why live state cannot be trusted (not synced, stale): the check
     is then skipped with a warning, or denied when the guard fails closed."""
     node_name = review.shape.spec.get("nodeName")
-    if review.shape.kind != "Pod" or review.operation != "CREATE" or not node_name:
+    if not node_name:
+        return unschedulable_sysctls(review, state, config)
+    if review.shape.kind != "Pod" or review.operation != "CREATE":
         return []
     if MIRROR_ANNOTATION in (review.shape.metadata.get("annotations") or {}):
         return []  # the kubelet never admits mirror pods: their static pod already runs
@@ -65,10 +70,12 @@ def check(
                 node=node_name,
             )
         ]
-    failures = kubelet_admission(review.pod, node, state.usage(node_name))
+    failures = kubelet_admission(
+        review.pod, node, state.usage(node_name), config.unsafe_sysctls_for(node.labels)
+    )
     if not failures:
         return []
-    elsewhere = candidates(review.pod, state, skip=(node_name,)).sentence()
+    elsewhere = candidates(review.pod, state, skip=(node_name,), config=config).sentence()
     return [
         Finding(
             failure.reason,
@@ -78,4 +85,43 @@ def check(
             node=node_name,
         )
         for i, failure in enumerate(failures)
+    ]
+
+
+def unschedulable_sysctls(
+    review: Review, state: ClusterState | None, config: NodeAdmissionConfig
+) -> list[Finding]:
+    """A template or unbound pod with sysctls, against every node it could be scheduled to.
+
+    The scheduler does not know the kubelets' sysctl allowlists: it would send the pod to a
+    node whose kubelet then rejects it (``SysctlForbidden``), again and again. Deny when any
+    node the pod's nodeSelector and required node affinity allow would refuse its sysctls.
+    """
+    if state is None or review.operation not in ("CREATE", "UPDATE") or not pod_sysctls(review.shape.spec):
+        return []
+    if review.old_shape is not None and pod_sysctls(review.old_shape.spec) == pod_sysctls(review.shape.spec):
+        return []  # unchanged sysctls: the object stays updatable
+    refused = [
+        (node.name, failure)
+        for node in state.nodes.values()
+        if node_affinity_mismatch(review.pod, node) is None
+        for failure in (forbidden_sysctl(review.pod, node, config.unsafe_sysctls_for(node.labels)),)
+        if failure is not None
+    ]
+    if not refused:
+        return []
+    names = ", ".join(name for name, _ in refused[:5]) + (
+        f" and {len(refused) - 5} more" if len(refused) > 5 else ""
+    )
+    first_node, first = refused[0]
+    return [
+        Finding(
+            SYSCTL_FORBIDDEN,
+            f"the kubelets of {len(refused)} node(s) {review.description} could be scheduled to would "
+            f"reject it: {first.message} (on {first_node}; refusing nodes: {names}). The scheduler does "
+            "not know sysctl allowlists and would send it there. Allow the sysctl on those kubelets "
+            "(--allowed-unsafe-sysctls, and nodeAdmission.allowedUnsafeSysctls), keep the pod off them "
+            "with a nodeSelector or node affinity, or drop the sysctl.",
+            node=first_node,
+        )
     ]
