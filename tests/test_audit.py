@@ -131,15 +131,10 @@ def test_below_the_storm_threshold_is_not_a_storm():
     assert len(of_type(findings(*storm(20)), audit.STORM)) == 1
 
 
-def test_the_storm_threshold_follows_the_config_when_it_has_a_storm_breaker():
-    class Breaker:
-        threshold = 5
-        mode = "enforce"
-
-    config = Config()
-    settings = audit.storm_settings(type("WithBreaker", (), {"storm_breaker": Breaker()})())
-    assert settings.threshold == 5
-    assert audit.storm_settings(config).threshold == 20
+def test_the_storm_threshold_follows_the_storm_breaker_config():
+    config = config_from_dict({"policies": {"stormBreaker": {"threshold": 5}}})
+    assert audit.storm_settings(config).threshold == 5
+    assert audit.storm_settings(Config()).threshold == 20
 
 
 def test_container_failures_are_not_counted_as_a_storm():

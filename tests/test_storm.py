@@ -286,3 +286,13 @@ def test_half_open_probe_doubled_cool_down_and_closing_on_running(live):
     cluster.put("pods", running)
     assert eventually(lambda: informer.state.storm.breakers["rs-uid"].state == CLOSED)
     assert answer(client, owned("after"))["allowed"]
+
+
+def test_open_breakers_trips_and_probes_are_exported(live):
+    cluster, _, client = live
+    for n in range(20):
+        cluster.put("pods", rejected(f"r{n}"))
+    assert eventually(lambda: not answer(client, owned("x"))["allowed"], timeout=5)
+    text = client.get("/metrics").get_data(as_text=True)
+    assert 'admit_guard_storm_breakers_open{namespace="ml",owner="ReplicaSet/trainer-7d9f"} 1.0' in text
+    assert "admit_guard_storm_trips 1.0" in text

@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .checks import kubelet_admission
-from .config import Config
+from .config import Config, StormBreakerConfig
 from .kube.quantity import format_amount
 from .kube.rejection import Owner
 from .kube.resources import is_extended_resource
@@ -48,8 +48,7 @@ POLICY_OF = {
 }
 # The PolicyReport CRD's severities (wgpolicyk8s.io/v1alpha2 knows only these three).
 SEVERITIES = ("high", "medium", "low")
-DEFAULT_STORM_THRESHOLD = 20
-DEFAULT_STORM_WINDOW = 300.0
+DEFAULT_STORM_THRESHOLD = StormBreakerConfig().threshold
 BYPASS = "spec.nodeName"  # the holder name of pods whose controller pinned the node
 
 
@@ -102,21 +101,9 @@ class Report:
         return {"findings": [f.as_json() for f in self.findings], "summary": self.summary}
 
 
-@dataclass(frozen=True, slots=True)
-class StormSettings:
-    mode: str = "enforce"
-    threshold: int = DEFAULT_STORM_THRESHOLD
-    window_seconds: float = DEFAULT_STORM_WINDOW
-
-
-def storm_settings(config: Config) -> StormSettings:
-    """``policies.stormBreaker`` when the config has it, else the breaker's defaults."""
-    breaker = getattr(config, "storm_breaker", None)
-    return StormSettings(
-        mode=getattr(breaker, "mode", "enforce"),
-        threshold=getattr(breaker, "threshold", DEFAULT_STORM_THRESHOLD),
-        window_seconds=float(getattr(breaker, "window_seconds", DEFAULT_STORM_WINDOW)),
-    )
+def storm_settings(config: Config) -> StormBreakerConfig:
+    """The storm breaker's settings: the audit calls a storm what would trip the breaker."""
+    return config.storm_breaker
 
 
 def audited(config: Config, finding_type: str) -> bool:
@@ -228,7 +215,7 @@ def storm_groups(inventory: Inventory) -> list[StormGroup]:
 
 
 def storm_findings(
-    groups: Iterable[StormGroup], settings: StormSettings, now: float, config: Config
+    groups: Iterable[StormGroup], settings: StormBreakerConfig, now: float, config: Config
 ) -> list[Finding]:
     return [
         _storm(group, settings, now)
@@ -237,7 +224,7 @@ def storm_findings(
     ]
 
 
-def _storm(group: StormGroup, settings: StormSettings, now: float) -> Finding:
+def _storm(group: StormGroup, settings: StormBreakerConfig, now: float) -> Finding:
     owner = group.owner
     who = (
         f"{owner.kind} {group.namespace}/{owner.name}"
@@ -272,7 +259,9 @@ _RUNNING = "The storm is likely still running."
 _OVER = "The storm is over, but its Failed pods still hold etcd space and slow every pod list."
 
 
-def _storm_timing(times: list[float], count: int, settings: StormSettings, now: float) -> tuple[str, bool]:
+def _storm_timing(
+    times: list[float], count: int, settings: StormBreakerConfig, now: float
+) -> tuple[str, bool]:
     if not times:
         return "creation times unknown.", False
     first, last = times[0], times[-1]

@@ -118,7 +118,9 @@ class Metrics:
             registry=registry,
         )
         self.audit = AuditGauges(registry)
+        self.storm = StormGauges(registry)
         self._state_observed_at = float("-inf")
+        self._storm_observed_at = float("-inf")
         self._reasons: set[str] = set()
         # ``labels()`` takes a lock and builds a key on every call: children are looked up once.
         self._children: dict[tuple, Any] = {}
@@ -157,6 +159,13 @@ class Metrics:
         if now - self._state_observed_at >= STATE_OBSERVE_INTERVAL:
             self._state_observed_at = now
             self.observe_state(readiness(), source)
+
+    def observe_storm_now_and_then(self, storm) -> None:
+        """The storm breakers' gauges, at most once a second from the request path."""
+        now = time.monotonic()
+        if storm is not None and now - self._storm_observed_at >= STATE_OBSERVE_INTERVAL:
+            self._storm_observed_at = now
+            self.storm.publish(storm)
 
     def observe_state(self, readiness: Readiness, source: str) -> None:
         self.state_objects.labels("node").set(readiness.nodes)
@@ -214,6 +223,47 @@ class AuditGauges:
         self._published |= counts.keys()
         self.last_run.labels(source).set(finished_at)
         self.duration.labels(source).set(took)
+
+
+class StormGauges:
+    """Open storm breakers by namespace and owner, and the trips and probes so far.
+
+    Every worker sees the same rejections, so breakers and trips are the same in each (max
+    across workers); each probe is admitted by the one worker that answered it (sum).
+    """
+
+    def __init__(self, registry: CollectorRegistry | None) -> None:
+        self.open = Gauge(
+            "admit_guard_storm_breakers_open",
+            "1 while the storm breaker of an owner (kind/name) is open or half-open.",
+            ["namespace", "owner"],
+            multiprocess_mode="livemax",
+            registry=registry,
+        )
+        self.trips = Gauge(
+            "admit_guard_storm_trips",
+            "Storm breakers opened since the worker started (any worker).",
+            multiprocess_mode="livemax",
+            registry=registry,
+        )
+        self.probes = Gauge(
+            "admit_guard_storm_probes",
+            "Half-open probe pods admitted, all workers.",
+            multiprocess_mode="livesum",
+            registry=registry,
+        )
+        self._published: set[tuple[str, str]] = set()
+
+    def publish(self, storm) -> None:
+        storm.prune(time.time())
+        current = {(b.owner.namespace, f"{b.owner.kind}/{b.owner.name}") for b in storm.open_breakers()}
+        for labels in self._published - current:
+            self.open.labels(*labels).set(0)
+        for labels in current:
+            self.open.labels(*labels).set(1)
+        self._published |= current
+        self.trips.set(storm.trips)
+        self.probes.set(storm.probes)
 
 
 class _WithStateAge:

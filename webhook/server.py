@@ -74,6 +74,8 @@ def create_app(
                 outcome = admission.review(req, endpoint, view.state, config, view.unavailable, now)
                 if endpoint == VALIDATE:
                     _admit_storm_probe(view.state, req, outcome, now)
+                if view.state is not None:
+                    metrics.observe_storm_now_and_then(view.state.storm)
         except Exception as err:  # a bug must not become a 500 on the path of every pod
             logging.getLogger(__name__).exception("review %s failed", req.uid)
             outcome = admission.unchecked(req, endpoint, f"internal error ({type(err).__name__})", config)
@@ -111,6 +113,9 @@ def create_app(
     @app.get("/metrics")
     def scrape() -> Response:
         metrics.observe_state(source.readiness(), source_name)
+        with source.reading() as view:
+            if view.state is not None and view.state.storm is not None:
+                metrics.storm.publish(view.state.storm)
         return Response(metrics.scrape(), mimetype="text/plain; version=0.0.4; charset=utf-8")
 
     @app.errorhandler(HTTPException)
