@@ -9,20 +9,23 @@ from __future__ import annotations
 import copy
 import difflib
 import re
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import jsonpatch
 import yaml
 
-from .config import Config, ConfigError, config_from_dict
+from .config import Config, ConfigError, StormBreakerConfig, config_from_dict
 from .engine import Decision, evaluate
 from .kube.errors import FieldError
-from .manifests import Document, ManifestError, documents_in
+from .manifests import Document, ManifestError, StrictLoader, documents_in
 from .state import ClusterState, node_from, pod_record
 from .state.model import object_key
+from .state.rejections import StormBreakers
 from .state.snapshot import SnapshotError, load_snapshot
 
 API_VERSION = "admit-guard.io/v1alpha1"
@@ -40,6 +43,7 @@ _CASE_KEYS = {
     "groups",
     "config",
     "expect",
+    "now",
 }
 _EXPECT_KEYS = {"allowed", "reasons", "messages", "warnings", "patched", "patchedPath"}
 
@@ -58,6 +62,7 @@ class Case:
     groups: tuple[str, ...]
     config: Config
     expect: Mapping[str, Any]
+    now: float  # when the case is asked (storm breakers compare times with it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +96,7 @@ def discover(paths: list[str]) -> Iterator[str]:
 def load_test_file(path: str) -> TestFile:
     where = _Where(path)
     try:
-        data = yaml.safe_load(Path(path).read_text())
+        data = yaml.load(Path(path).read_text(), Loader=StrictLoader)
     except OSError as err:
         raise TestFileError(f"{path}: cannot read: {err.strerror}") from None
     except yaml.YAMLError as err:
@@ -100,7 +105,11 @@ def load_test_file(path: str) -> TestFile:
     if data.get("apiVersion") != API_VERSION or data.get("kind") != KIND:
         where.fail("apiVersion/kind", f"must be {API_VERSION} / {KIND}")
     base = _config_data(where, data.get("config"), "config")
-    state = _state(where, data.get("cluster"))
+    try:
+        storm = config_from_dict(base, f"{path}: config").storm_breaker
+    except ConfigError as err:
+        raise TestFileError(str(err)) from None
+    state = _state(where, data.get("cluster"), storm)
     cases, problems = [], []
     for i, raw in enumerate(where.sequence(data.get("cases"), "cases")):
         try:
@@ -125,6 +134,7 @@ def run_case(test_file: TestFile, case: Case) -> CaseResult:
             old_object=case.old_object,
             user=case.user,
             groups=case.groups,
+            now=case.now,
         )
         if decision.unreadable:
             raise decision.unreadable
@@ -206,7 +216,8 @@ def _config_data(where: _Where, raw: Any, at: str, base: Mapping[str, Any] | Non
     return _merge(data, where.mapping(raw.get("override") or {}, f"{at}.override"))
 
 
-def _state(where: _Where, raw: Any) -> ClusterState | None:
+def _state(where: _Where, raw: Any, storm: StormBreakerConfig) -> ClusterState | None:
+    """The test file's cluster; its Failed pods feed storm breakers with the file's settings."""
     if raw is None:
         return None
     raw = where.mapping(raw, "cluster", {"snapshots", "nodes", "pods"})
@@ -215,11 +226,14 @@ def _state(where: _Where, raw: Any) -> ClusterState | None:
         for p in where.sequence(raw.get("snapshots", []), "cluster.snapshots")
     ]
     try:
-        state = load_snapshot(snapshots) if snapshots else ClusterState()
+        state = (
+            load_snapshot(snapshots, storm) if snapshots else ClusterState(StormBreakers.from_config(storm))
+        )
         for i, obj in enumerate(where.sequence(raw.get("nodes", []), "cluster.nodes")):
             state.set_node(node_from(where.mapping(obj, f"cluster.nodes[{i}]")))
         for i, obj in enumerate(where.sequence(raw.get("pods", []), "cluster.pods")):
             obj = where.mapping(obj, f"cluster.pods[{i}]")
+            state.storm.observe(obj, None)
             state.set_pod(object_key(obj), pod_record(obj))
     except SnapshotError as err:
         where.fail("cluster.snapshots", "; ".join(err.problems))
@@ -262,7 +276,19 @@ def _case(where: _Where, raw: Any, at: str, base_config: Mapping[str, Any]) -> C
         groups=tuple(where.sequence(raw.get("groups", []), f"{at}.groups")),
         config=config,
         expect=expect,
+        now=_moment(where, raw.get("now"), f"{at}.now"),
     )
+
+
+def _moment(where: _Where, value: Any, at: str) -> float:
+    """``now: 2026-01-01T00:00:00Z`` pins the case's clock; by default it is the run's."""
+    if value is None:
+        return time.time()
+    try:
+        moment = datetime.fromisoformat(str(value))
+    except ValueError:
+        where.fail(at, f"{value!r} is not an RFC 3339 time")
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
 
 
 def _object(where: _Where, raw: Mapping[str, Any], at: str, key: str) -> dict[str, Any]:
