@@ -59,6 +59,7 @@ class Outcome:
     decision: Decision | None = None
     error: str | None = None  # the object could not be read (answered per failOpen)
     reasons: list[str] = field(default_factory=list)
+    fail_open: str | None = None  # why a binding was allowed unchecked (a closed set)
 
     @property
     def allowed(self) -> bool:

@@ -561,28 +561,38 @@ def serve(
         _api_server(kubeconfig, context)  # fail now, not in every worker
     state = None if live else _load_state(cluster, config)
     _metrics_dir()
+    reservations = _shared_directory("admit-guard-reservations-")  # the workers' LocalTable
     # Imported only now: the metrics client picks its multi-process mode at import time.
+    from .binding import BindGuard
     from .server import create_app, log_decisions_to_stderr
     from .serving import GuardServer, ServeOptions
     from .state.informer import Informer, Timing
     from .state.rejections import StormBreakers
+    from .state.reservations import LeaseStore, LocalTable
     from .state.source import FixedState
 
     def app():
         """Runs in each worker after the fork: threads and connections are per process."""
+        local = LocalTable(reservations)
         if live:
             storm = StormBreakers.from_config(config.storm_breaker)
             source = Informer(_api_server(kubeconfig, context), Timing(max_age=max_state_age), storm).start()
+            leases = LeaseStore(_api_server(kubeconfig, context), _guard_namespace(config))
             return create_app(
                 config,
                 source,
                 source_name="informer",
                 max_body_bytes=max_body_bytes,
                 audit_interval=audit_interval,
+                bind_guard=BindGuard(config, local, leases),
             )
         # The snapshot was loaded once, before the fork: workers share its pages.
         return create_app(
-            config, FixedState(state), max_body_bytes=max_body_bytes, audit_interval=audit_interval
+            config,
+            FixedState(state),
+            max_body_bytes=max_body_bytes,
+            audit_interval=audit_interval,
+            bind_guard=BindGuard(config, local),
         )
 
     options = ServeOptions(
@@ -596,6 +606,21 @@ def serve(
     )
     log_decisions_to_stderr()
     GuardServer(app, options).run()
+
+
+def _guard_namespace(config: Config) -> str:
+    """Where the coordination Leases live: the configured namespace, else the guard's own
+    (``ADMIT_GUARD_NAMESPACE``, from the downward API in deploy/)."""
+    return config.node_admission.reservations.namespace or os.environ.get(
+        "ADMIT_GUARD_NAMESPACE", "admit-guard"
+    )
+
+
+def _shared_directory(prefix: str) -> Path:
+    """A fresh directory made before the fork, shared by the workers, removed at exit."""
+    created, owner = tempfile.mkdtemp(prefix=prefix), os.getpid()
+    atexit.register(lambda: os.getpid() == owner and shutil.rmtree(created, ignore_errors=True))
+    return Path(created)
 
 
 def _metrics_dir() -> None:

@@ -33,6 +33,10 @@ class DeviceSchedulerConfig:
     owners: tuple[tuple[str, str], ...] = ()  # (resource name or pattern, scheduler)
     annotations: tuple[tuple[str, str], ...] = ()  # (annotation key, scheduler)
     autodetect: bool = True
+    binders: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (resource pattern, identity globs)
+
+    def allowed_binders(self, resource: str) -> tuple[str, ...] | None:
+        return next((who for p, who in self.binders if fnmatchcase(resource, p)), None)
 
     def is_device(self, resource: str) -> bool:
         return any(fnmatchcase(resource, p) for p in self.resources) or any(
@@ -55,10 +59,25 @@ class UnsafeSysctls:
 
 
 @dataclass(frozen=True, slots=True)
+class ReservationsConfig:
+    """How allowed binds hold capacity until the watch shows the pod bound."""
+
+    namespace: str = ""  # coordination Leases live here; "" means the guard's own namespace
+    ttl_seconds: float = 30.0
+    deadline_seconds: float = 1.0
+    coordinate: tuple[str, ...] | None = None  # None: deviceScheduler.resources
+
+    def coordinated(self, resource: str, device_patterns: tuple[str, ...]) -> bool:
+        patterns = self.coordinate if self.coordinate is not None else device_patterns
+        return any(fnmatchcase(resource, p) for p in patterns)
+
+
+@dataclass(frozen=True, slots=True)
 class NodeAdmissionConfig:
     mode: str = "enforce"
     unknown_node: str = "deny"
     allowed_unsafe_sysctls: tuple[UnsafeSysctls, ...] = ()
+    reservations: ReservationsConfig = field(default_factory=ReservationsConfig)
 
     def unsafe_sysctls_for(self, labels: Mapping[str, str]) -> tuple[str, ...]:
         """The unsafe sysctls the kubelet of a node with these labels allows."""
@@ -198,7 +217,7 @@ def _pinned(reader: _Reader, data: Any) -> PinnedNodeNameConfig:
 
 def _node(reader: _Reader, data: Any) -> NodeAdmissionConfig:
     where = "policies.nodeAdmission"
-    data = reader.mapping(data, where, {"mode", "unknownNode", "allowedUnsafeSysctls"})
+    data = reader.mapping(data, where, {"mode", "unknownNode", "allowedUnsafeSysctls", "reservations"})
     unknown = data.get("unknownNode", "deny")
     if unknown not in ("deny", "allow"):
         reader.fail(f"{where}.unknownNode", f"{unknown!r} is not one of deny, allow")
@@ -207,10 +226,29 @@ def _node(reader: _Reader, data: Any) -> NodeAdmissionConfig:
     return NodeAdmissionConfig(
         mode=mode,
         unknown_node=unknown,
+        reservations=_reservations(reader, data.get("reservations") or {}, f"{where}.reservations"),
         allowed_unsafe_sysctls=tuple(
             _unsafe_sysctls(reader, entry, f"{where}.allowedUnsafeSysctls[{i}]")
             for i, entry in enumerate(entries)
         ),
+    )
+
+
+def _reservations(reader: _Reader, data: Any, where: str) -> ReservationsConfig:
+    data = reader.mapping(data, where, {"namespace", "ttlSeconds", "deadlineSeconds", "coordinate"})
+    defaults = ReservationsConfig()
+    namespace = data.get("namespace", "")
+    if not isinstance(namespace, str):
+        reader.fail(f"{where}.namespace", "must be a namespace name")
+        namespace = ""
+    coordinate = data.get("coordinate")
+    return ReservationsConfig(
+        namespace=namespace,
+        ttl_seconds=reader.number(data.get("ttlSeconds", defaults.ttl_seconds), f"{where}.ttlSeconds", 1),
+        deadline_seconds=reader.number(
+            data.get("deadlineSeconds", defaults.deadline_seconds), f"{where}.deadlineSeconds", 0.05
+        ),
+        coordinate=None if coordinate is None else reader.strings(coordinate, f"{where}.coordinate"),
     )
 
 
@@ -247,7 +285,13 @@ def _storm(reader: _Reader, data: Any) -> StormBreakerConfig:
 
 def _device(reader: _Reader, data: Any) -> DeviceSchedulerConfig:
     where = "policies.deviceScheduler"
-    data = reader.mapping(data, where, {"mode", "resources", "owners", "annotations", "autodetect"})
+    data = reader.mapping(
+        data, where, {"mode", "resources", "owners", "annotations", "autodetect", "binders"}
+    )
+    binders = tuple(
+        (str(resource), reader.strings(who, f"{where}.binders.{resource}"))
+        for resource, who in reader.mapping(data.get("binders") or {}, f"{where}.binders").items()
+    )
     resources = reader.strings(data.get("resources", list(DEFAULT_DEVICE_PATTERNS)), f"{where}.resources")
     owners = tuple(reader.mapping(data.get("owners") or {}, f"{where}.owners").items())
     annotations = tuple(reader.mapping(data.get("annotations") or {}, f"{where}.annotations").items())
@@ -271,6 +315,7 @@ def _device(reader: _Reader, data: Any) -> DeviceSchedulerConfig:
         owners=owners,
         annotations=annotations,
         autodetect=reader.boolean(data.get("autodetect", True), f"{where}.autodetect", True),
+        binders=binders,
     )
 
 

@@ -117,6 +117,13 @@ class Metrics:
             ["endpoint", "answer"],
             registry=registry,
         )
+        self.binding_fail_open = Counter(
+            "admit_guard_binding_fail_open",
+            "Binds allowed unchecked, by why: pod-unknown, state-unavailable, node-unknown, "
+            "api-error, deadline.",
+            ["reason"],
+            registry=registry,
+        )
         self.audit = AuditGauges(registry)
         self.storm = StormGauges(registry)
         self._state_observed_at = float("-inf")
@@ -143,6 +150,9 @@ class Metrics:
         self._child(
             self.unchecked, closed(endpoint, ENDPOINTS), "fail-open" if allowed else "fail-closed"
         ).inc()
+
+    def count_binding_fail_open(self, reason: str) -> None:
+        self._child(self.binding_fail_open, reason).inc()  # reasons come from a closed set
 
     def count_bad_request(self, endpoint: str, code: int) -> None:
         self._child(self.bad_requests, closed(endpoint, ENDPOINTS), str(code)).inc()

@@ -17,6 +17,7 @@ from werkzeug.exceptions import HTTPException
 
 from . import admission
 from .admission import MUTATE, VALIDATE, AdmissionRequest, Outcome, ReviewError
+from .binding import BindGuard, binding_target, is_binding
 from .config import Config
 from .decision_log import flush_decision_lines, log_lines_in_background
 from .kube.rejection import controller_owner
@@ -38,6 +39,7 @@ def create_app(
     source_name: str = "snapshot",
     max_body_bytes: int = DEFAULT_MAX_BODY,
     audit_interval: float | None = None,
+    bind_guard: BindGuard | None = None,
 ) -> Flask:
     """Build the webhook app. ``source`` supplies the cluster state and its readiness.
 
@@ -59,6 +61,9 @@ def create_app(
         started = time.perf_counter()
         try:
             req = admission.parse_review(request.get_data())
+            binding = is_binding(req)
+            if binding:
+                binding_target(req)  # a malformed Binding is the body's problem: 400
         except ReviewError as err:
             metrics.count_bad_request(endpoint, 400)
             return _error(400, str(err))
@@ -71,9 +76,18 @@ def create_app(
         try:
             now = time.time()
             with source.reading() as view:
-                outcome = admission.review(req, endpoint, view.state, config, view.unavailable, now)
-                if endpoint == VALIDATE:
+                if binding:
+                    outcome = (
+                        bind_guard.review(req, view.state, view.unavailable)
+                        if bind_guard is not None and endpoint == VALIDATE
+                        else admission.Outcome(req, {"uid": req.uid, "allowed": True})
+                    )
+                else:
+                    outcome = admission.review(req, endpoint, view.state, config, view.unavailable, now)
+                if endpoint == VALIDATE and not binding:
                     _admit_storm_probe(view.state, req, outcome, now)
+                    if bind_guard is not None:
+                        outcome = bind_guard.review_created(req, view.state, outcome)
                 if view.state is not None:
                     metrics.observe_storm_now_and_then(view.state.storm)
         except Exception as err:  # a bug must not become a 500 on the path of every pod
@@ -134,6 +148,8 @@ def _record(metrics: Metrics, endpoint: str, outcome: Outcome, latency: float) -
     metrics.count_request(endpoint, req.kind, req.operation, outcome.verdict, latency)
     if outcome.error:
         metrics.count_unchecked(endpoint, outcome.allowed)
+    if outcome.fail_open:
+        metrics.count_binding_fail_open(outcome.fail_open)
     decision = outcome.decision
     if decision is None or req.dry_run:
         return  # dry runs have no side effects, and counting a finding is one

@@ -59,7 +59,7 @@ class ApiServer:
                 "cert_file": configuration.cert_file,
                 "key_file": configuration.key_file,
             }
-        self._pool = urllib3.PoolManager(num_pools=2, maxsize=4, retries=False, **tls)
+        self._pool = urllib3.PoolManager(num_pools=2, maxsize=8, retries=False, **tls)
 
     @classmethod
     def connect(cls, kubeconfig: str | None = None, context: str | None = None) -> ApiServer:
@@ -103,11 +103,39 @@ class ApiServer:
         }
         return self._get(resource, fields, timeout=read_timeout, stream=True)
 
-    def _get(self, resource: str, fields: dict[str, Any], *, timeout: float, stream: bool):
+    def request_json(
+        self, method: str, path: str, body: dict[str, Any] | None = None, *, timeout: float = 5.0
+    ) -> tuple[int, dict[str, Any]]:
+        """One JSON request (the reservations' Leases): (HTTP status, decoded body).
+
+        Raises ``ApiError`` only when no answer came (connection, timeout, unreadable body);
+        a 404 or 409 is an answer the caller acts on.
+        """
+        headers = self._headers()
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+        try:
+            response = self._pool.request(
+                method,
+                self.host + path,
+                body=orjson.dumps(body) if body is not None else None,
+                headers=headers,
+                timeout=urllib3.Timeout(connect=timeout, read=timeout),
+            )
+            data = orjson.loads(response.data) if response.data else {}
+        except (urllib3.exceptions.HTTPError, orjson.JSONDecodeError) as err:
+            raise ApiError(0, f"{method} {path}: {err}") from None
+        return response.status, data if isinstance(data, dict) else {}
+
+    def _headers(self) -> dict[str, str]:
         headers = {"Accept": "application/json"}
         for auth in self._configuration.auth_settings().values():
             if auth.get("in") == "header" and auth.get("value"):
                 headers[auth["key"]] = auth["value"]
+        return headers
+
+    def _get(self, resource: str, fields: dict[str, Any], *, timeout: float, stream: bool):
+        headers = self._headers()
         try:
             response = self._pool.request(
                 "GET",

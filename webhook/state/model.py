@@ -28,6 +28,17 @@ CRITICAL_PRIORITY = 2_000_000_000
 DEFAULT_SCHEDULER = "default-scheduler"
 
 
+@dataclass(frozen=True, slots=True)
+class PendingPod:
+    """What a bind check needs of a pod not yet bound: it is judged when a scheduler binds it.
+    Pending pods are few at any time, so their spec is kept whole."""
+
+    name: str
+    namespace: str
+    metadata: Mapping[str, Any]
+    spec: Mapping[str, Any]
+
+
 @dataclass(slots=True)
 class PodRecord:
     """What the checks need of a pod, and nothing else (a few hundred bytes)."""
@@ -39,6 +50,7 @@ class PodRecord:
     scheduler: str
     priority: int | None
     critical: bool
+    pending: PendingPod | None = None  # only while the pod is not bound to a node
 
     @property
     def devices(self) -> Iterator[str]:
@@ -126,14 +138,28 @@ def pod_record(pod: Mapping[str, Any]) -> PodRecord | None:
     check_pod_fields(metadata, spec)
     priority = pod_priority(spec)
     requests = {sys.intern(k): v for k, v in pod_requests(spec, status).items()}
+    node = sys.intern(str(spec.get("nodeName") or ""))
     return PodRecord(
         key=object_key(pod),
-        node=sys.intern(str(spec.get("nodeName") or "")),
+        node=node,
         requests=requests,
         host_ports=host_ports(spec),
         scheduler=sys.intern(str(spec.get("schedulerName") or DEFAULT_SCHEDULER)),
         priority=priority,
         critical=is_critical(metadata, priority),
+        pending=None if node else _pending(metadata, spec),
+    )
+
+
+_PENDING_METADATA = ("name", "generateName", "namespace", "uid", "labels", "annotations", "ownerReferences")
+
+
+def _pending(metadata: Mapping[str, Any], spec: Mapping[str, Any]) -> PendingPod:
+    return PendingPod(
+        str(metadata.get("name") or ""),
+        str(metadata.get("namespace") or "default"),
+        {k: metadata[k] for k in _PENDING_METADATA if k in metadata},
+        spec,
     )
 
 
@@ -177,14 +203,23 @@ def _list(obj: Mapping[str, Any], key: str, field: str) -> list[Any]:
 class ClusterState:
     """Nodes, active pods and their aggregates; mutated only through the methods below."""
 
-    __slots__ = ("_device_schedulers", "_usage", "nodes", "pods", "storm")
+    __slots__ = ("_device_schedulers", "_pending_names", "_usage", "nodes", "pods", "storm")
 
     def __init__(self, storm: StormBreakers | None = None) -> None:
         self.storm = storm  # per-owner admission rejections, when a source records them
+        self._pending_names: dict[tuple[str, str], str] = {}  # (namespace, name) → key
         self.nodes: dict[str, Node] = {}
         self.pods: dict[str, PodRecord] = {}
         self._usage: dict[str, NodeUsage] = {}
         self._device_schedulers: dict[str, Counter[str]] = {}
+
+    def find_pod(self, uid: str, namespace: str, name: str) -> PodRecord | None:
+        """A pod by uid (live state), else a pending pod by namespace and name."""
+        record = self.pods.get(uid) if uid else None
+        if record is None:
+            key = self._pending_names.get((namespace, name)) or f"{namespace}/{name}"
+            record = self.pods.get(key)
+        return record
 
     def usage(self, node_name: str) -> NodeUsage:
         """Aggregates of the active pods on a node (kept even while the Node is missing)."""
@@ -208,6 +243,8 @@ class ClusterState:
         if record is None:
             return
         self.pods[key] = record
+        if record.pending is not None:
+            self._pending_names[(record.pending.namespace, record.pending.name)] = key
         for resource in record.devices:
             self._device_schedulers.setdefault(resource, Counter())[record.scheduler] += 1
         if record.node:
@@ -224,6 +261,8 @@ class ClusterState:
         record = self.pods.pop(key, None)
         if record is None:
             return
+        if record.pending is not None:
+            self._pending_names.pop((record.pending.namespace, record.pending.name), None)
         for resource in record.devices:
             counts = self._device_schedulers[resource]
             counts[record.scheduler] -= 1

@@ -1,0 +1,232 @@
+"""The bind-time guard: ``pods/binding`` reviews, and the reservations that keep two binds from
+being handed the same capacity.
+
+A scheduler's Binding reaches the kubelet unchecked: two schedulers that each see a node's
+last GPU free both bind, and the kubelet fails one pod with ``UnexpectedAdmissionError``. Here
+the pod (found in the live state, pending) is checked with the kubelet's rules on the target
+node, against the node's usage plus the capacity already reserved for binds allowed but not
+yet visible in the watch. A denied bind is clean: kube-scheduler unreserves the pod and retries
+it elsewhere. Wherever the guard does not know (pod or node not in the state, state not ready,
+API errors, the deadline), it allows with a warning and counts why.
+
+I/O lives here (the reservation stores); the kubelet checks are the engine's pure ones.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+
+from .admission import AdmissionRequest, Outcome, ReviewError
+from .checks import Failure, PodUnderReview, kubelet_admission
+from .config import Config
+from .engine import Decision, Violation
+from .kube.errors import FieldError
+from .kube.workloads import pod_shape
+from .state import ClusterState
+from .state.apiserver import ApiError
+from .state.model import Node, PodRecord
+from .state.reservations import DeadlineExceeded, LeaseStore, LocalTable, Reservation, usage_with
+
+POLICY = "nodeAdmission"
+# Why a bind was allowed unchecked: a closed set, for the metric.
+POD_UNKNOWN, STATE_UNAVAILABLE, NODE_UNKNOWN, API_ERROR, DEADLINE = (
+    "pod-unknown",
+    "state-unavailable",
+    "node-unknown",
+    "api-error",
+    "deadline",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class BindingTarget:
+    uid: str
+    namespace: str
+    name: str
+    node: str
+
+
+def is_binding(req: AdmissionRequest) -> bool:
+    """``pods/binding`` (the subresource schedulers use) or the legacy ``bindings`` resource."""
+    return req.operation == "CREATE" and (
+        req.kind == "Binding" or req.resource == "bindings" or req.sub_resource == "binding"
+    )
+
+
+def binding_target(req: AdmissionRequest) -> BindingTarget:
+    """The pod and node of a Binding object; ``ReviewError`` names a missing field."""
+    obj = req.obj or {}
+    metadata = obj.get("metadata")
+    target = obj.get("target")
+    if not isinstance(metadata, Mapping):
+        raise ReviewError("request.object.metadata: missing or not an object (a Binding)")
+    if not isinstance(target, Mapping) or not isinstance(target.get("name"), str) or not target["name"]:
+        raise ReviewError("request.object.target.name: missing (a Binding names its node)")
+    if target.get("kind", "Node") != "Node":
+        raise ReviewError(f"request.object.target.kind: {target.get('kind')!r}, expected Node")
+    name = metadata.get("name") or req.name
+    if not isinstance(name, str) or not name:
+        raise ReviewError("request.object.metadata.name: missing (the pod to bind)")
+    namespace = metadata.get("namespace") or req.namespace or "default"
+    return BindingTarget(str(metadata.get("uid") or ""), str(namespace), name, target["name"])
+
+
+class BindGuard:
+    """Checks binds (and pods created with ``spec.nodeName``) and records their reservations."""
+
+    def __init__(
+        self, config: Config, local: LocalTable | None, leases: LeaseStore | None = None, clock=time.time
+    ) -> None:
+        self.config = config
+        self.local = local
+        self.leases = leases
+        self.clock = clock
+
+    def review(self, req: AdmissionRequest, state: ClusterState | None, unavailable: str | None) -> Outcome:
+        target = binding_target(req)
+        pod_name = f"pod {target.namespace}/{target.name}"
+        outcome = Outcome(req, {"uid": req.uid, "allowed": True})
+        mode = self.config.node_admission.mode
+        if mode == "off" or target.namespace in self.config.excluded_namespaces:
+            return outcome
+        if state is None or unavailable is not None:
+            return _unchecked(
+                outcome, STATE_UNAVAILABLE, f"{pod_name} to {target.node}: {unavailable or 'no state'}"
+            )
+        record = state.find_pod(target.uid, target.namespace, target.name)
+        if record is None or record.pending is None:
+            return _unchecked(outcome, POD_UNKNOWN, f"{pod_name} is not a pending pod in the guard's state")
+        node = state.nodes.get(target.node)
+        if node is None:
+            if self.config.node_admission.unknown_node == "deny":
+                return _deny(
+                    outcome,
+                    "UnknownNode",
+                    f"node {target.node} does not exist: {pod_name}, bound by "
+                    f"{req.user or 'an unknown binder'}, would never run. "
+                    "The scheduler will retry elsewhere.",
+                )
+            return _unchecked(outcome, NODE_UNKNOWN, f"node {target.node} is not in the guard's state")
+        self._binders(outcome, record, req.user, pod_name)
+        pod = PodUnderReview(record.pending.metadata, record.pending.spec, record)
+        return self._reserve_or_deny(outcome, state, pod, node, req, pod_name, mode, seen=True)
+
+    def review_created(self, req: AdmissionRequest, state: ClusterState | None, outcome: Outcome) -> Outcome:
+        """A pod CREATE with ``spec.nodeName`` the engine allowed: re-check it against the
+        reservations of in-flight binds and reserve its capacity the same way."""
+        spec = (req.obj or {}).get("spec")
+        node_name = spec.get("nodeName") if isinstance(spec, Mapping) else None
+        if not node_name or state is None or not outcome.allowed or req.dry_run or req.kind != "Pod":
+            return outcome
+        node = state.nodes.get(node_name)
+        mode = self.config.node_admission.mode
+        if node is None or mode == "off" or req.namespace in self.config.excluded_namespaces:
+            return outcome
+        try:
+            pod = PodUnderReview.from_shape(pod_shape(req.obj))
+        except FieldError:
+            return outcome  # the engine already answered for unreadable fields
+        name = f"pod {req.namespace}/{req.name}"
+        return self._reserve_or_deny(outcome, state, pod, node, req, name, mode, seen=False)
+
+    # -- the decision, inside the store's read-check-write ------------------------------
+
+    def _reserve_or_deny(
+        self,
+        outcome: Outcome,
+        state: ClusterState,
+        pod: PodUnderReview,
+        node: Node,
+        req: AdmissionRequest,
+        pod_name: str,
+        mode: str,
+        *,
+        seen: bool,
+    ) -> Outcome:
+        settings = self.config.node_admission.reservations
+        now = self.clock()
+        deadline = time.monotonic() + settings.deadline_seconds
+        unsafe = self.config.node_admission.unsafe_sysctls_for(node.labels)
+        failures: list[Failure] = []
+
+        def decide(held: list[Reservation]) -> bool:
+            failures[:] = kubelet_admission(pod, node, usage_with(state.usage(node.name), held), unsafe)
+            return not failures or mode in ("warn", "audit")
+
+        new = Reservation.of(pod.record, node.name, settings.ttl_seconds, now, seen=seen)
+        write = not req.dry_run
+        try:
+            if self.leases is not None and self._coordinated(pod.record):
+                self.leases.reserve(new, state, decide, now, write=write, deadline=deadline)
+            elif self.local is not None:
+                self.local.reserve(new, state, decide, now, write=write)
+            else:
+                decide([])
+        except DeadlineExceeded as err:
+            return _unchecked(outcome, DEADLINE, f"{pod_name} to {node.name}: {err} past the deadline")
+        except (ApiError, OSError) as err:
+            return _unchecked(outcome, API_ERROR, f"{pod_name} to {node.name}: {err}")
+        if not failures:
+            return outcome
+        binder = req.user or "an unknown binder"
+        first = failures[0]
+        message = (
+            f"the kubelet on {node.name} would reject {pod_name}, bound by {binder}: {first.reason}: "
+            f"{first.message.rstrip()} ({first.hint}). Capacity reserved for binds not yet visible counts. "
+            "The scheduler will retry it elsewhere."
+        )
+        if mode == "warn":
+            outcome.response.setdefault("warnings", []).append(f"[{POLICY}] {first.reason}: {message}")
+            return outcome
+        if mode == "audit":
+            outcome.reasons = [f.reason for f in failures]
+            outcome.decision = Decision(
+                audited=[Violation(POLICY, f.reason, message, node.name) for f in failures]
+            )
+            return outcome
+        return _deny(outcome, first.reason, message, [f.reason for f in failures], node.name)
+
+    def _coordinated(self, record: PodRecord) -> bool:
+        devices = self.config.device_scheduler.resources
+        settings = self.config.node_admission.reservations
+        return any(amount and settings.coordinated(r, devices) for r, amount in record.requests.items())
+
+    def _binders(self, outcome: Outcome, record: PodRecord, user: str, pod_name: str) -> None:
+        """A device pod bound by an identity its resource's binders do not include: a warning
+        (a permanent bind denial would make that scheduler retry forever)."""
+        device = self.config.device_scheduler
+        for resource, amount in record.requests.items():
+            allowed = device.allowed_binders(resource) if amount else None
+            if allowed is not None and not any(fnmatchcase(user, p) for p in allowed):
+                outcome.response.setdefault("warnings", []).append(
+                    f"[deviceScheduler] MixedDeviceScheduler: {pod_name} requests {resource} and was bound "
+                    f"by {user or 'an unknown binder'}; only {', '.join(allowed)} should bind it."
+                )
+
+
+def _unchecked(outcome: Outcome, why: str, detail: str) -> Outcome:
+    outcome.fail_open = why
+    outcome.error = f"binding not checked ({why}): {detail}"
+    outcome.response.setdefault("warnings", []).append(
+        f"admit-guard did not check this binding and allowed it: {detail}"
+    )
+    return outcome
+
+
+def _deny(
+    outcome: Outcome, reason: str, message: str, reasons: list[str] | None = None, node: str | None = None
+) -> Outcome:
+    outcome.response["allowed"] = False
+    outcome.response["status"] = {
+        "code": 403,
+        "reason": reason,
+        "message": f"admit-guard: {reason}: {message}",
+    }
+    outcome.reasons = reasons or [reason]
+    outcome.decision = Decision(
+        allowed=False, violations=[Violation(POLICY, r, message, node) for r in outcome.reasons]
+    )
+    return outcome
