@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import re
 import threading
 import time
 from collections.abc import Iterable
@@ -22,6 +23,9 @@ from urllib.parse import parse_qs, urlparse
 import orjson
 
 PATHS = {"/api/v1/nodes": "nodes", "/api/v1/pods": "pods"}
+LEASES = re.compile(
+    r"/apis/coordination\.k8s\.io/v1/namespaces/(?P<namespace>[^/]+)/leases(?:/(?P<name>[^/]+))?"
+)
 LIST_KINDS = {"nodes": "NodeList", "pods": "PodList"}
 
 
@@ -49,9 +53,14 @@ class Cluster:
     requests: list[str] = field(default_factory=list)
     frozen: dict[str, tuple[int, list[bytes]]] = field(default_factory=dict)
     watch_generation: int = 0
+    # coordination.k8s.io Leases, namespaced, with resourceVersion conflicts (409) like etcd's.
+    leases: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    lease_writes: int = 0
+    lease_conflicts: int = 0
 
     def __post_init__(self) -> None:
         self.changed = threading.Condition()
+        self.lease_lock = threading.Lock()
 
     # -- the script -------------------------------------------------------------------
 
@@ -134,9 +143,52 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         try:
+            if LEASES.match(urlparse(self.path).path):
+                return self._lease("GET")
             self._get()
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True  # the client went away: that is its right
+
+    def do_PUT(self) -> None:
+        self._lease("PUT")
+
+    def do_POST(self) -> None:
+        self._lease("POST")
+
+    def _lease(self, method: str) -> None:
+        """GET/PUT one Lease, or POST (create) one: optimistic concurrency on resourceVersion."""
+        match = LEASES.match(urlparse(self.path).path)
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0)) if method != "GET" else b""
+        if self.headers.get("Authorization") != f"Bearer {self.cluster.token}":
+            return self._status(401, "Unauthorized", "invalid bearer token")
+        if match is None:
+            return self._status(404, "NotFound", f"{self.path} not found")
+        cluster, namespace = self.cluster, match["namespace"]
+        with cluster.lease_lock:
+            if method == "GET":
+                lease = cluster.leases.get((namespace, match["name"] or ""))
+                if lease is None:
+                    return self._status(404, "NotFound", "lease not found")
+                return self._send(200, orjson.dumps(lease))
+            obj = orjson.loads(body)
+            name = obj.get("metadata", {}).get("name", "")
+            current = cluster.leases.get((namespace, name))
+            if method == "POST" and current is not None:
+                cluster.lease_conflicts += 1
+                return self._status(409, "AlreadyExists", f"leases {name} already exists")
+            if method == "PUT" and (
+                current is None
+                or obj["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]
+            ):
+                cluster.lease_conflicts += 1
+                return self._status(
+                    409, "Conflict", "the object has been modified; please apply your changes"
+                )
+            cluster.rv += 1
+            obj["metadata"].update(namespace=namespace, resourceVersion=str(cluster.rv))
+            cluster.leases[(namespace, name)] = obj
+            cluster.lease_writes += 1
+            return self._send(201 if method == "POST" else 200, orjson.dumps(obj))
 
     def _get(self) -> None:
         url = urlparse(self.path)

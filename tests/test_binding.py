@@ -1,0 +1,243 @@
+"""The bind-time guard: pods/binding reviews get the kubelet's verdict on the target node, and
+reservations keep two binds from being handed the same capacity."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from tests.builders import node, pod
+from tests.fake_apiserver import Cluster, FakeApiServer
+from tests.live_server import live_server, post_json
+from webhook.binding import BindGuard
+from webhook.config import config_from_dict
+from webhook.server import create_app
+from webhook.state import ClusterState, node_from, pod_record
+from webhook.state.apiserver import ApiServer
+from webhook.state.reservations import LeaseStore, LocalTable
+from webhook.state.source import FixedState
+
+SCHEDULER = "system:serviceaccount:volcano-system:volcano-scheduler"
+
+
+def gpu_pod(name: str, **kwargs) -> dict:
+    return pod(name, namespace="ml", requests={"nvidia.com/gpu": "1", "cpu": "100m"}, **kwargs)
+
+
+def state_with(*objects: dict) -> ClusterState:
+    state = ClusterState()
+    for obj in objects:
+        if obj["kind"] == "Node":
+            state.set_node(node_from(obj))
+        else:
+            state.set_pod(obj["metadata"]["uid"], pod_record(obj))
+    return state
+
+
+def binding(
+    name: str, node_name: str, *, uid: str | None = None, dry_run: bool = False, user=SCHEDULER
+) -> dict:
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": f"bind-{name}",
+            "kind": {"group": "", "version": "v1", "kind": "Binding"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "subResource": "binding",
+            "namespace": "ml",
+            "name": name,
+            "operation": "CREATE",
+            "userInfo": {"username": user},
+            "dryRun": dry_run,
+            "object": {
+                "apiVersion": "v1",
+                "kind": "Binding",
+                "metadata": {"name": name, "namespace": "ml", "uid": uid or f"uid-{name}"},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": node_name},
+            },
+        },
+    }
+
+
+def client_for(state: ClusterState, tmp_path: Path, config: dict | None = None, **guard) -> object:
+    conf = config_from_dict(config or {})
+    bind_guard = BindGuard(conf, LocalTable(tmp_path / "reservations"), **guard)
+    return create_app(conf, FixedState(state), bind_guard=bind_guard).test_client()
+
+
+def answer(client, review: dict) -> dict:
+    reply = client.post("/validate", json=review)
+    assert reply.status_code == 200, reply.get_data(as_text=True)
+    return reply.get_json()["response"]
+
+
+def test_a_bind_the_kubelet_would_reject_is_denied_naming_pod_node_and_binder(tmp_path):
+    state = state_with(
+        node("gpu-1", extra={"nvidia.com/gpu": "1"}), gpu_pod("running", node_name="gpu-1"), gpu_pod("late")
+    )
+    response = answer(client_for(state, tmp_path), binding("late", "gpu-1"))
+    assert response["allowed"] is False and response["status"]["reason"] == "OutOfnvidia.com/gpu"
+    message = response["status"]["message"]
+    assert "pod ml/late" in message and "gpu-1" in message and SCHEDULER in message
+    assert "The scheduler will retry it elsewhere." in message
+
+
+def test_a_second_bind_to_the_last_gpu_is_denied_by_the_first_ones_reservation(tmp_path):
+    state = state_with(node("gpu-1", extra={"nvidia.com/gpu": "1"}), gpu_pod("a"), gpu_pod("b"))
+    client = client_for(state, tmp_path)
+    assert answer(client, binding("a", "gpu-1"))["allowed"] is True
+    second = answer(client, binding("b", "gpu-1"))
+    assert second["allowed"] is False and second["status"]["reason"] == "OutOfnvidia.com/gpu"
+    assert answer(client, binding("a", "gpu-1"))["allowed"] is True  # its own reservation never counts twice
+
+
+def test_a_dry_run_bind_reserves_nothing(tmp_path):
+    state = state_with(node("gpu-1", extra={"nvidia.com/gpu": "1"}), gpu_pod("a"), gpu_pod("b"))
+    client = client_for(state, tmp_path)
+    assert answer(client, binding("a", "gpu-1", dry_run=True))["allowed"] is True
+    assert answer(client, binding("b", "gpu-1"))["allowed"] is True
+
+
+def test_an_expired_reservation_frees_the_capacity(tmp_path):
+    now = [1000.0]
+    state = state_with(node("gpu-1", extra={"nvidia.com/gpu": "1"}), gpu_pod("a"), gpu_pod("b"))
+    client = client_for(
+        state,
+        tmp_path,
+        {"policies": {"nodeAdmission": {"reservations": {"ttlSeconds": 30}}}},
+        clock=lambda: now[0],
+    )
+    assert answer(client, binding("a", "gpu-1"))["allowed"] is True
+    assert answer(client, binding("b", "gpu-1"))["allowed"] is False
+    now[0] += 31
+    assert answer(client, binding("b", "gpu-1"))["allowed"] is True
+
+
+def test_once_the_winner_is_bound_its_own_record_counts_and_never_its_reservation_too(tmp_path):
+    gpu_node = node("gpu-1", extra={"nvidia.com/gpu": "2"})
+    state = state_with(gpu_node, gpu_pod("a"), gpu_pod("b"), gpu_pod("c"))
+    client = client_for(state, tmp_path)
+    assert answer(client, binding("a", "gpu-1"))["allowed"] is True
+    bound = gpu_pod("a", node_name="gpu-1")
+    state.set_pod("uid-a", pod_record(bound))  # the watch shows it bound
+    assert answer(client, binding("b", "gpu-1"))["allowed"] is True
+    denied = answer(client, binding("c", "gpu-1"))
+    assert denied["allowed"] is False and "OutOfnvidia.com/gpu" in denied["status"]["reason"]
+
+
+def test_an_unknown_pod_is_allowed_with_a_warning_and_counted(tmp_path):
+    state = state_with(node("gpu-1", extra={"nvidia.com/gpu": "1"}))
+    client = client_for(state, tmp_path)
+    response = answer(client, binding("ghost", "gpu-1"))
+    assert response["allowed"] is True and "not a pending pod" in response["warnings"][0]
+    metrics = client.get("/metrics").get_data(as_text=True)
+    assert 'admit_guard_binding_fail_open_total{reason="pod-unknown"} 1.0' in metrics
+
+
+def test_an_untolerated_no_execute_taint_denies_the_bind(tmp_path):
+    tainted = node(
+        "gpu-1", extra={"nvidia.com/gpu": "1"}, taints=[{"key": "maintenance", "effect": "NoExecute"}]
+    )
+    state = state_with(tainted, gpu_pod("a"))
+    response = answer(client_for(state, tmp_path), binding("a", "gpu-1"))
+    assert response["allowed"] is False and response["status"]["reason"] == "TaintToleration"
+
+
+def test_a_device_pod_bound_by_another_identity_is_a_mixed_scheduler_warning(tmp_path):
+    config = {
+        "policies": {
+            "deviceScheduler": {"binders": {"nvidia.com/gpu": ["system:serviceaccount:volcano-system:*"]}}
+        }
+    }
+    state = state_with(node("gpu-1", extra={"nvidia.com/gpu": "1"}), gpu_pod("a"))
+    response = answer(
+        client_for(state, tmp_path, config), binding("a", "gpu-1", user="system:kube-scheduler")
+    )
+    assert response["allowed"] is True
+    assert (
+        "MixedDeviceScheduler" in response["warnings"][0]
+        and "system:kube-scheduler" in response["warnings"][0]
+    )
+
+
+def test_a_malformed_binding_is_a_400_naming_the_field(tmp_path):
+    review = binding("a", "gpu-1")
+    del review["request"]["object"]["target"]
+    reply = client_for(state_with(), tmp_path).post("/validate", json=review)
+    assert reply.status_code == 400 and "request.object.target.name" in reply.get_json()["error"]
+
+
+def test_a_pod_created_with_node_name_reserves_like_a_bind(tmp_path):
+    state = state_with(node("n1", cpu="1"), pod("a", namespace="ml", requests={"cpu": "1"}))
+    client = client_for(state, tmp_path)
+    created = pod("direct", namespace="ml", node_name="n1", requests={"cpu": "1"})
+    review = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {"uid": "c", "kind": {"group": "", "version": "v1", "kind": "Pod"}, "namespace": "ml",
+                    "operation": "CREATE", "object": created},
+    }  # fmt: skip
+    assert answer(client, review)["allowed"] is True
+    denied = answer(client, binding("a", "n1"))  # the created pod holds the cpu until the watch shows it
+    assert denied["allowed"] is False and denied["status"]["reason"] == "OutOfcpu"
+
+
+def test_the_api_server_down_means_allowed_with_a_warning_within_three_seconds(tmp_path):
+    server = FakeApiServer(Cluster())
+    api = ApiServer.connect(kubeconfig=server.kubeconfig(tmp_path / "kubeconfig"))
+    server.close()  # nothing listens any more
+    state = state_with(node("gpu-1", extra={"nvidia.com/gpu": "1"}), gpu_pod("a"))
+    client = client_for(state, tmp_path, leases=LeaseStore(api, "admit-guard"))
+    started = time.monotonic()
+    response = answer(client, binding("a", "gpu-1"))
+    assert time.monotonic() - started < 3
+    assert response["allowed"] is True and "did not check this binding" in response["warnings"][0]
+
+
+# -- two guard servers, two workers each, coordinating through the API server's Leases -------
+
+
+@pytest.fixture
+def gpu_cluster(tmp_path):
+    cluster = Cluster(bookmark_every=0.2)
+    cluster.load("nodes", [node("gpu-1", extra={"nvidia.com/gpu": "1"})])
+    cluster.load("pods", [gpu_pod(f"trainer-{i}") for i in range(12)])
+    server = FakeApiServer(cluster)
+    yield cluster, server
+    server.close()
+
+
+def test_twelve_concurrent_binds_of_the_last_gpu_over_two_guards_allow_exactly_one(gpu_cluster, tmp_path):
+    cluster, server = gpu_cluster
+    kubeconfig = server.kubeconfig(tmp_path / "kubeconfig")
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "policies: {nodeAdmission: {reservations: {namespace: admit-guard, deadlineSeconds: 2}}}\n"
+    )
+    args = ("--kubeconfig", kubeconfig, "--config", str(config))
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    with live_server(tmp_path / "a", *args) as first, live_server(tmp_path / "b", *args) as second:
+        guards = [first, second]
+        start = threading.Barrier(12)
+
+        def bind(i: int) -> dict:
+            conn = guards[i % 2].connect()
+            start.wait()
+            try:
+                return post_json(conn, "/validate", binding(f"trainer-{i}", "gpu-1"))[1]["response"]
+            finally:
+                conn.close()
+
+        with ThreadPoolExecutor(12) as pool:
+            responses = list(pool.map(bind, range(12)))
+    allowed = [r for r in responses if r["allowed"]]
+    assert len(allowed) == 1, json.dumps(responses, indent=1)
+    assert {r["status"]["reason"] for r in responses if not r["allowed"]} == {"OutOfnvidia.com/gpu"}
+    assert [lease["metadata"]["name"] for lease in cluster.leases.values()] == ["admit-guard-node-gpu-1"]
