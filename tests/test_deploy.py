@@ -101,12 +101,42 @@ def test_ca_bundles_are_filled_in_or_injected(rendered):
     assert "admit-guard.admit-guard.svc" in certificate["spec"]["dnsNames"]
 
 
-def test_rbac_is_get_list_watch_on_nodes_and_pods_only(rendered):
-    [role] = objects(rendered["self-signed"], "ClusterRole")
+def test_rbac_is_read_only_cluster_wide_and_leases_only_in_the_guards_namespace(rendered):
+    docs = rendered["self-signed"]
+    [role] = objects(docs, "ClusterRole")
     assert role["rules"] == [
         {"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": ["get", "list", "watch"]}
     ]
-    assert not objects(rendered["self-signed"], "Role")
+    [leases] = objects(docs, "Role")
+    assert leases["metadata"]["namespace"] == "admit-guard"
+    assert leases["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}
+    ]
+    [binding] = objects(docs, "RoleBinding")
+    assert binding["roleRef"]["name"] == leases["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "admit-guard", "namespace": "admit-guard"}
+    ]
+
+
+def test_binds_are_checked_fail_open_with_a_short_timeout_outside_system_namespaces(rendered):
+    [config] = objects(rendered["self-signed"], "ValidatingWebhookConfiguration")
+    bindings = next(h for h in config["webhooks"] if h["name"] == "bindings.admit-guard.io")
+    assert bindings["failurePolicy"] == "Ignore" and bindings["timeoutSeconds"] <= 2
+    assert bindings["rules"] == [
+        {
+            "apiGroups": [""],
+            "apiVersions": ["v1"],
+            "operations": ["CREATE"],
+            "resources": ["pods/binding", "bindings"],
+        }
+    ]
+    excluded = bindings["namespaceSelector"]["matchExpressions"][0]["values"]
+    assert {"kube-system", "admit-guard"} <= set(excluded)
+    [deployment] = objects(rendered["self-signed"], "Deployment")
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["ADMIT_GUARD_NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
 
 
 def test_deployment_is_redundant_locked_down_and_probed(rendered):

@@ -44,6 +44,7 @@ _CASE_KEYS = {
     "config",
     "expect",
     "now",
+    "bindTo",
 }
 _EXPECT_KEYS = {"allowed", "reasons", "messages", "warnings", "patched", "patchedPath"}
 
@@ -63,6 +64,7 @@ class Case:
     config: Config
     expect: Mapping[str, Any]
     now: float  # when the case is asked (storm breakers compare times with it)
+    bind_to: str | None = None  # a Binding case: the object is the pending pod, bound to this node
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +127,9 @@ def load_test_file(path: str) -> TestFile:
 
 def run_case(test_file: TestFile, case: Case) -> CaseResult:
     result = CaseResult(test_file.path, case.name)
+    if case.bind_to is not None:
+        _compare(case, _bind(test_file, case, result.failures), result.failures)
+        return result
     try:
         decision = evaluate(
             case.obj,
@@ -143,6 +148,43 @@ def run_case(test_file: TestFile, case: Case) -> CaseResult:
         return result
     _compare(case, decision, result.failures)
     return result
+
+
+def _bind(test_file: TestFile, case: Case, failures: list[str]) -> Decision:
+    """A Binding of the case's pod (pending, added to the state for this case) to its node,
+    through the same bind guard the webhook uses (no reservations: one bind per case)."""
+    from .admission import AdmissionRequest
+    from .binding import BindGuard
+
+    state = test_file.state if test_file.state is not None else ClusterState()
+    try:
+        record = pod_record(
+            {**case.obj, "spec": {k: v for k, v in (case.obj.get("spec") or {}).items() if k != "nodeName"}}
+        )
+    except FieldError as err:
+        failures.append(f"the object is invalid: {err}")
+        return Decision()
+    metadata = case.obj.get("metadata") or {}
+    binding = {
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": {"name": metadata.get("name", ""), "namespace": metadata.get("namespace", "default")},
+        "target": {"kind": "Node", "name": case.bind_to},
+    }
+    request = AdmissionRequest(
+        uid="test", operation="CREATE", kind="Binding", namespace=binding["metadata"]["namespace"],
+        name=binding["metadata"]["name"], obj=binding, old_obj=None, user=case.user, groups=case.groups,
+        dry_run=True, resource="pods", sub_resource="binding",
+    )  # fmt: skip
+    state.set_pod(record.key, record)
+    try:
+        outcome = BindGuard(case.config, None).review(request, state, None)
+    finally:
+        state.remove_pod(record.key)
+    decision = outcome.decision or Decision()
+    decision.allowed = outcome.allowed
+    decision.warnings = list(outcome.response.get("warnings", []))
+    return decision
 
 
 def _compare(case: Case, decision: Decision, failures: list[str]) -> None:
@@ -277,7 +319,14 @@ def _case(where: _Where, raw: Any, at: str, base_config: Mapping[str, Any]) -> C
         config=config,
         expect=expect,
         now=_moment(where, raw.get("now"), f"{at}.now"),
+        bind_to=_bind_target(where, raw.get("bindTo"), f"{at}.bindTo"),
     )
+
+
+def _bind_target(where: _Where, value: Any, at: str) -> str | None:
+    if value is not None and (not isinstance(value, str) or not value):
+        where.fail(at, "must be a node name")
+    return value
 
 
 def _moment(where: _Where, value: Any, at: str) -> float:
