@@ -27,8 +27,9 @@ from .kube.errors import FieldError
 from .kube.workloads import pod_shape
 from .state import ClusterState
 from .state.apiserver import ApiError
-from .state.model import Node, PodRecord
+from .state.model import Node, NodeUsage, PodRecord
 from .state.reservations import DeadlineExceeded, LeaseStore, LocalTable, Reservation, usage_with
+from .state.source import StateSource
 
 POLICY = "nodeAdmission"
 # Why a bind was allowed unchecked: a closed set, for the metric.
@@ -85,21 +86,25 @@ class BindGuard:
         self.leases = leases
         self.clock = clock
 
-    def review(self, req: AdmissionRequest, state: ClusterState | None, unavailable: str | None) -> Outcome:
+    def review(self, req: AdmissionRequest, source: StateSource) -> Outcome:
+        """A Binding: the pod and node are read under the state's lock; the reservation's
+        round trips happen after it is released (the informer must keep applying events)."""
         target = binding_target(req)
         pod_name = f"pod {target.namespace}/{target.name}"
         outcome = Outcome(req, {"uid": req.uid, "allowed": True})
         mode = self.config.node_admission.mode
         if mode == "off" or target.namespace in self.config.excluded_namespaces:
             return outcome
-        if state is None or unavailable is not None:
-            return _unchecked(
-                outcome, STATE_UNAVAILABLE, f"{pod_name} to {target.node}: {unavailable or 'no state'}"
-            )
-        record = state.find_pod(target.uid, target.namespace, target.name)
+        with source.reading() as view:
+            state = view.state
+            if state is None or view.unavailable is not None:
+                why = view.unavailable or "no state"
+                return _unchecked(outcome, STATE_UNAVAILABLE, f"{pod_name} to {target.node}: {why}")
+            record = state.find_pod(target.uid, target.namespace, target.name)
+            node = state.nodes.get(target.node)
+            usage = state.usage(target.node).copy()
         if record is None or record.pending is None:
             return _unchecked(outcome, POD_UNKNOWN, f"{pod_name} is not a pending pod in the guard's state")
-        node = state.nodes.get(target.node)
         if node is None:
             if self.config.node_admission.unknown_node == "deny":
                 return _deny(
@@ -112,25 +117,30 @@ class BindGuard:
             return _unchecked(outcome, NODE_UNKNOWN, f"node {target.node} is not in the guard's state")
         self._binders(outcome, record, req.user, pod_name)
         pod = PodUnderReview(record.pending.metadata, record.pending.spec, record)
-        return self._reserve_or_deny(outcome, state, pod, node, req, pod_name, mode, seen=True)
+        return self._reserve_or_deny(outcome, state, usage, pod, node, req, pod_name, mode, seen=True)
 
-    def review_created(self, req: AdmissionRequest, state: ClusterState | None, outcome: Outcome) -> Outcome:
+    def review_created(self, req: AdmissionRequest, source: StateSource, outcome: Outcome) -> Outcome:
         """A pod CREATE with ``spec.nodeName`` the engine allowed: re-check it against the
         reservations of in-flight binds and reserve its capacity the same way."""
         spec = (req.obj or {}).get("spec")
         node_name = spec.get("nodeName") if isinstance(spec, Mapping) else None
-        if not node_name or state is None or not outcome.allowed or req.dry_run or req.kind != "Pod":
+        if not node_name or not outcome.allowed or req.dry_run or req.kind != "Pod":
             return outcome
-        node = state.nodes.get(node_name)
         mode = self.config.node_admission.mode
-        if node is None or mode == "off" or req.namespace in self.config.excluded_namespaces:
+        if mode == "off" or req.namespace in self.config.excluded_namespaces:
+            return outcome
+        with source.reading() as view:
+            state = view.state
+            node = state.nodes.get(node_name) if state is not None else None
+            usage = state.usage(node_name).copy() if node is not None else None
+        if node is None or usage is None:
             return outcome
         try:
             pod = PodUnderReview.from_shape(pod_shape(req.obj))
         except FieldError:
             return outcome  # the engine already answered for unreadable fields
         name = f"pod {req.namespace}/{req.name}"
-        return self._reserve_or_deny(outcome, state, pod, node, req, name, mode, seen=False)
+        return self._reserve_or_deny(outcome, state, usage, pod, node, req, name, mode, seen=False)
 
     # -- the decision, inside the store's read-check-write ------------------------------
 
@@ -138,6 +148,7 @@ class BindGuard:
         self,
         outcome: Outcome,
         state: ClusterState,
+        usage: NodeUsage,
         pod: PodUnderReview,
         node: Node,
         req: AdmissionRequest,
@@ -153,7 +164,7 @@ class BindGuard:
         failures: list[Failure] = []
 
         def decide(held: list[Reservation]) -> bool:
-            failures[:] = kubelet_admission(pod, node, usage_with(state.usage(node.name), held), unsafe)
+            failures[:] = kubelet_admission(pod, node, usage_with(usage, held), unsafe)
             return not failures or mode in ("warn", "audit")
 
         new = Reservation.of(pod.record, node.name, settings.ttl_seconds, now, seen=seen)

@@ -27,6 +27,7 @@ from .state import ClusterState, node_from, pod_record
 from .state.model import object_key
 from .state.rejections import StormBreakers
 from .state.snapshot import SnapshotError, load_snapshot
+from .state.source import FixedState
 
 API_VERSION = "admit-guard.io/v1alpha1"
 KIND = "PolicyTest"
@@ -178,7 +179,7 @@ def _bind(test_file: TestFile, case: Case, failures: list[str]) -> Decision:
     )  # fmt: skip
     state.set_pod(record.key, record)
     try:
-        outcome = BindGuard(case.config, None).review(request, state, None)
+        outcome = BindGuard(case.config, None).review(request, FixedState(state))
     finally:
         state.remove_pod(record.key)
     decision = outcome.decision or Decision()

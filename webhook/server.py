@@ -75,21 +75,21 @@ def create_app(
             return _error(400, f"unreadable AdmissionReview ({type(err).__name__})")
         try:
             now = time.time()
-            with source.reading() as view:
-                if binding:
-                    outcome = (
-                        bind_guard.review(req, view.state, view.unavailable)
-                        if bind_guard is not None and endpoint == VALIDATE
-                        else admission.Outcome(req, {"uid": req.uid, "allowed": True})
-                    )
-                else:
+            if binding:
+                outcome = (
+                    bind_guard.review(req, source)
+                    if bind_guard is not None and endpoint == VALIDATE
+                    else admission.Outcome(req, {"uid": req.uid, "allowed": True})
+                )
+            else:
+                with source.reading() as view:
                     outcome = admission.review(req, endpoint, view.state, config, view.unavailable, now)
-                if endpoint == VALIDATE and not binding:
-                    _admit_storm_probe(view.state, req, outcome, now)
-                    if bind_guard is not None:
-                        outcome = bind_guard.review_created(req, view.state, outcome)
-                if view.state is not None:
-                    metrics.observe_storm_now_and_then(view.state.storm)
+                    if endpoint == VALIDATE:
+                        _admit_storm_probe(view.state, req, outcome, now)
+                    if view.state is not None:
+                        metrics.observe_storm_now_and_then(view.state.storm)
+                if endpoint == VALIDATE and bind_guard is not None:
+                    outcome = bind_guard.review_created(req, source, outcome)  # round trips: no lock held
         except Exception as err:  # a bug must not become a 500 on the path of every pod
             logging.getLogger(__name__).exception("review %s failed", req.uid)
             outcome = admission.unchecked(req, endpoint, f"internal error ({type(err).__name__})", config)

@@ -85,6 +85,10 @@ class NodeUsage:
     def pod_count(self) -> int:
         return len(self.pods)
 
+    def copy(self) -> NodeUsage:
+        """A snapshot to judge against after the state's lock is released."""
+        return NodeUsage(dict(self.requested), dict(self.pods), self.host_ports.copy())
+
     def without(self, key: str) -> NodeUsage:
         """A copy without one pod: the incoming pod never counts against itself."""
         record = self.pods.get(key)
