@@ -46,6 +46,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/engine_bench.py
 	$(BIN)/python bench/http_bench.py
+	$(BIN)/python bench/floor_bench.py
 	$(BIN)/python bench/informer_bench.py
 	$(BIN)/python bench/audit_bench.py
 	$(BIN)/python bench/snapshot_bench.py
