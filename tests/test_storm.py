@@ -12,6 +12,7 @@ import pytest
 
 from tests.builders import node, pod
 from tests.fake_apiserver import Cluster, FakeApiServer
+from tests.test_informer import eventually
 from webhook.config import config_from_dict
 from webhook.engine import evaluate
 from webhook.kube.rejection import Owner
@@ -237,15 +238,6 @@ def review(obj: dict, dry_run: bool = False) -> dict:
 
 def answer(client, obj: dict, dry_run: bool = False) -> dict:
     return client.post("/validate", json=review(obj, dry_run)).get_json()["response"]
-
-
-def eventually(condition, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 def test_live_rejections_trip_the_breaker_within_seconds_and_dry_runs_are_denied_too(live):

@@ -111,6 +111,14 @@ class RequestFraming:
             self.scan = chunk_end
 
 
+_WOULD_BLOCK = (ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError, InterruptedError)
+
+
+def _waiting_for(err: Exception) -> int:
+    """What the socket must become before the step can go on (TLS may need to write first)."""
+    return selectors.EVENT_WRITE if isinstance(err, ssl.SSLWantWriteError) else selectors.EVENT_READ
+
+
 @dataclass(slots=True)
 class _Pending:
     """A connection whose request is still arriving."""
@@ -196,11 +204,8 @@ class GuardWorker(ThreadWorker):
                     return
                 pending.data += chunk
                 verdict = pending.framing.progress(pending.data)
-        except ssl.SSLWantWriteError:
-            self._watch(pending, selectors.EVENT_WRITE)
-            return
-        except (ssl.SSLWantReadError, BlockingIOError, InterruptedError):
-            self._watch(pending, selectors.EVENT_READ)
+        except _WOULD_BLOCK as err:
+            self._watch(pending, _waiting_for(err))
             return
         except ssl.SSLError as err:
             if pending.handshake:
@@ -270,11 +275,8 @@ class GuardWorker(ThreadWorker):
                 if not chunk:
                     break
                 pending.drain -= len(chunk)
-        except ssl.SSLWantWriteError:
-            self._watch(pending, selectors.EVENT_WRITE)
-            return
-        except (ssl.SSLWantReadError, BlockingIOError, InterruptedError):
-            self._watch(pending, selectors.EVENT_READ)
+        except _WOULD_BLOCK as err:
+            self._watch(pending, _waiting_for(err))
             return
         except (OSError, ssl.SSLError):
             pass
