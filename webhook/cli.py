@@ -22,7 +22,7 @@ from .config import Config, ConfigError, load_config
 from .engine import Decision, evaluate
 from .kube.errors import FieldError
 from .kube.workloads import pod_shape
-from .manifests import Document, ManifestError, read_documents
+from .manifests import Document, Location, ManifestError, read_documents
 from .state import ClusterState
 from .state.snapshot import SnapshotError, collector_paused, load_snapshot
 
@@ -38,23 +38,26 @@ class InputError(click.ClickException):
 
 @dataclass(frozen=True, slots=True)
 class Result:
-    document: Document
+    """One checked object: where it was, what it is, and the verdict. The object itself is not
+    kept: tens of thousands of them would stay alive until the report."""
+
+    location: Location
+    kind: str
+    namespace: str | None  # None for objects that carry none and are not workloads
+    name: str
     decision: Decision
     skipped: bool  # the kind creates no pods: nothing to check
 
-    @property
-    def namespace(self) -> str | None:
-        """The object's namespace; ``None`` for objects that carry none and are not workloads
-        (cluster-scoped kinds have no namespace, and ``default/`` would be a lie)."""
-        namespace = _metadata(self.document.obj).get("namespace")
-        if namespace:
-            return str(namespace)
-        return None if self.skipped else "default"
-
-    @property
-    def name(self) -> str:
-        metadata = _metadata(self.document.obj)
-        return str(metadata.get("name") or metadata.get("generateName") or "")
+    @classmethod
+    def of(cls, doc: Document, decision: Decision) -> Result:
+        skipped = pod_shape(doc.obj) is None
+        metadata = _metadata(doc.obj)
+        # Cluster-scoped kinds have no namespace, and ``default/`` would be a lie.
+        namespace = (
+            str(metadata["namespace"]) if metadata.get("namespace") else (None if skipped else "default")
+        )
+        name = str(metadata.get("name") or metadata.get("generateName") or "")
+        return cls(doc.location, doc.obj["kind"], namespace, name, decision, skipped)
 
     @property
     def verdict(self) -> str:
@@ -67,12 +70,12 @@ class Result:
         return "warn" if self.decision.notices else "allow"
 
     def as_json(self) -> dict[str, Any]:
-        location = self.document.location
+        location = self.location
         return {
             "file": location.file,
             "document": location.document,
             "item": location.item,
-            "kind": self.document.obj["kind"],
+            "kind": self.kind,
             "namespace": self.namespace,
             "name": self.name,
             "allowed": self.decision.allowed,
@@ -306,7 +309,7 @@ def _check_all(files, state, config, operation, user, groups, progress):
         except FieldError as err:
             errors.append(ManifestError(doc.location, f"{doc.obj['kind']}: field {err}"))
             continue
-        results.append(Result(doc, decision, skipped=pod_shape(doc.obj) is None))
+        results.append(Result.of(doc, decision))
     return results, errors
 
 
@@ -323,9 +326,9 @@ def _print_text(results: list[Result], errors: list[ManifestError], fail_only: b
     for result in results:
         if fail_only and result.verdict not in ("deny", "warn", "patch"):
             continue
-        decision, obj = result.decision, result.document.obj
+        decision = result.decision
         name = f"{result.namespace}/{result.name}" if result.namespace else result.name
-        click.echo(f"{_VERDICT[result.verdict]} {obj['kind']} {name}  ({result.document.location})")
+        click.echo(f"{_VERDICT[result.verdict]} {result.kind} {name}  ({result.location})")
         for v in decision.violations:
             click.echo(f"  {v.reason}: {v.message}")
         for warning in decision.notices:
