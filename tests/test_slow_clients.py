@@ -193,3 +193,25 @@ def test_the_server_still_answers_after_the_hostile_connections(server):
     status, _ = post_json(conn, "/validate", REVIEW)
     assert status == 200
     conn.close()
+
+
+def test_headers_and_body_leave_in_one_write():
+    from webhook.worker import OneWrite
+
+    class Recorder:
+        def __init__(self):
+            self.sent = []
+
+        def sendall(self, data):
+            self.sent.append(bytes(data))
+
+    sock = Recorder()
+    out = OneWrite(sock)
+    out.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n")
+    assert sock.sent == []
+    out.sendall(b"{}")
+    out.flush()
+    assert sock.sent == [b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"]
+    out.sendall(b"HTTP/1.1 204 No Content\r\n\r\n")
+    out.flush()  # a response without a body still leaves
+    assert sock.sent[-1] == b"HTTP/1.1 204 No Content\r\n\r\n"

@@ -119,6 +119,31 @@ def _waiting_for(err: Exception) -> int:
     return selectors.EVENT_WRITE if isinstance(err, ssl.SSLWantWriteError) else selectors.EVENT_READ
 
 
+class OneWrite:
+    """A socket whose first write (gunicorn's status line and headers) waits for the next one
+    (the body), so a small response leaves as one TLS record and one send, not two."""
+
+    def __init__(self, sock) -> None:
+        self._sock = sock
+        self._held = b""
+
+    def sendall(self, data) -> None:
+        if self._held:
+            data, self._held = self._held + bytes(data), b""
+        elif bytes(data[:5]) == b"HTTP/" and len(data) < 16384:
+            self._held = bytes(data)
+            return
+        self._sock.sendall(data)
+
+    def flush(self) -> None:
+        if self._held:
+            held, self._held = self._held, b""
+            self._sock.sendall(held)
+
+    def __getattr__(self, name: str):
+        return getattr(self._sock, name)
+
+
 @dataclass(slots=True)
 class _Pending:
     """A connection whose request is still arriving."""
@@ -172,6 +197,20 @@ class GuardWorker(ThreadWorker):
                 self._reject(pending, 408, "the request did not arrive in time")
             else:
                 self._drop(pending)
+
+    def handle_request(self, req, conn: TConn):
+        """Answer with the status line and headers in the same TLS record as the body."""
+        sock = conn.sock
+        conn.sock = OneWrite(sock)
+        try:
+            return super().handle_request(req, conn)
+        finally:
+            try:
+                conn.sock.flush()
+            except OSError:
+                pass  # the client is gone; the connection closes as gunicorn decided
+            finally:
+                conn.sock = sock
 
     # -- one request at a time, in the loop -----------------------------------------------
 
