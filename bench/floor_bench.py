@@ -4,7 +4,8 @@ gunicorn settings (2 workers x 4 threads, the guard's worker class, TLS), in one
 The minimal app parses the AdmissionReview and answers ``allowed``: what any webhook in this
 stack costs. Each server runs in its own process on loopback, alternating floor and guard three
 times each (the machine is shared and noisy: medians); for each run, ``wrk`` measures
-closed-loop throughput (8 connections, 10 s) and ``h2load`` latency at a fixed 500 req/s
+closed-loop throughput (32 connections, 10 s: with a few, the accept race between the two
+workers decides the result, 1,700 or 5,000 req/s run to run) and ``h2load`` latency at a fixed 500 req/s
 (8 connections x 62.5 req/s, 10 s, HTTP/1.1 over TLS, per-request times from its log). Both
 are C load generators (Debian packages ``wrk`` and ``nghttp2-client``), so the client does not
 eat the Python server's cores; without them this benchmark says so and stops. Review: a Pod
@@ -77,7 +78,7 @@ def wrk(url: str, body: Path, work: Path) -> tuple[float, int]:
         'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
         f"wrk.body = {json.dumps(body.read_text())}\n"
     )
-    command = ["wrk", "-t1", "-c8", f"-d{SECONDS}s", "-s", str(script), url]
+    command = ["wrk", "-t1", "-c32", f"-d{SECONDS}s", "-s", str(script), url]
     out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     rate = float(re.search(r"Requests/sec:\s+([\d.]+)", out)[1])
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
