@@ -186,6 +186,9 @@ def test_a_pod_created_with_node_name_reserves_like_a_bind(tmp_path):
     assert answer(client, review)["allowed"] is True
     denied = answer(client, binding("a", "n1"))  # the created pod holds the cpu until the watch shows it
     assert denied["allowed"] is False and denied["status"]["reason"] == "OutOfcpu"
+    review["request"]["object"] = pod("second", namespace="ml", node_name="n1", requests={"cpu": "1"})
+    second = answer(client, review)
+    assert second["allowed"] is False and "Drop spec.nodeName" in second["status"]["message"]
 
 
 def test_the_api_server_down_means_allowed_with_a_warning_within_three_seconds(tmp_path):

@@ -117,7 +117,7 @@ class BindGuard:
             return _unchecked(outcome, NODE_UNKNOWN, f"node {target.node} is not in the guard's state")
         self._binders(outcome, record, req.user, pod_name)
         pod = PodUnderReview(record.pending.metadata, record.pending.spec, record)
-        return self._reserve_or_deny(outcome, state, usage, pod, node, req, pod_name, mode, seen=True)
+        return self._reserve_or_deny(outcome, state, usage, pod, node, req, pod_name, mode, created=False)
 
     def review_created(self, req: AdmissionRequest, source: StateSource, outcome: Outcome) -> Outcome:
         """A pod CREATE with ``spec.nodeName`` the engine allowed: re-check it against the
@@ -140,7 +140,7 @@ class BindGuard:
         except FieldError:
             return outcome  # the engine already answered for unreadable fields
         name = f"pod {req.namespace}/{req.name}"
-        return self._reserve_or_deny(outcome, state, usage, pod, node, req, name, mode, seen=False)
+        return self._reserve_or_deny(outcome, state, usage, pod, node, req, name, mode, created=True)
 
     # -- the decision, inside the store's read-check-write ------------------------------
 
@@ -155,7 +155,7 @@ class BindGuard:
         pod_name: str,
         mode: str,
         *,
-        seen: bool,
+        created: bool,
     ) -> Outcome:
         settings = self.config.node_admission.reservations
         now = self.clock()
@@ -167,7 +167,7 @@ class BindGuard:
             failures[:] = kubelet_admission(pod, node, usage_with(usage, held), unsafe)
             return not failures or mode in ("warn", "audit")
 
-        new = Reservation.of(pod.record, node.name, settings.ttl_seconds, now, seen=seen)
+        new = Reservation.of(pod.record, node.name, settings.ttl_seconds, now, seen=not created)
         write = not req.dry_run
         try:
             if self.leases is not None and self._coordinated(pod.record):
@@ -182,12 +182,21 @@ class BindGuard:
             return _unchecked(outcome, API_ERROR, f"{pod_name} to {node.name}: {err}")
         if not failures:
             return outcome
-        binder = req.user or "an unknown binder"
+        who = (
+            f"created with spec.nodeName by {req.user or 'an unknown user'}"
+            if created
+            else (f"bound by {req.user or 'an unknown binder'}")
+        )
+        then = (
+            "Drop spec.nodeName to let the scheduler place it."
+            if created
+            else "The scheduler will retry it elsewhere."
+        )
         first = failures[0]
         message = (
-            f"the kubelet on {node.name} would reject {pod_name}, bound by {binder}: {first.reason}: "
+            f"the kubelet on {node.name} would reject {pod_name}, {who}: {first.reason}: "
             f"{first.message.rstrip()} ({first.hint}). Capacity reserved for binds not yet visible counts. "
-            "The scheduler will retry it elsewhere."
+            f"{then}"
         )
         if mode == "warn":
             outcome.response.setdefault("warnings", []).append(f"[{POLICY}] {first.reason}: {message}")
