@@ -57,6 +57,7 @@ class Cluster:
     leases: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     lease_writes: int = 0
     lease_conflicts: int = 0
+    lease_delay: float = 0.0  # seconds before each Lease answer: a slow API server
 
     def __post_init__(self) -> None:
         self.changed = threading.Condition()
@@ -167,6 +168,7 @@ class _Handler(BaseHTTPRequestHandler):
         if match is None:
             return self._status(404, "NotFound", f"{self.path} not found")
         cluster, namespace = self.cluster, match["namespace"]
+        time.sleep(cluster.lease_delay)
         with cluster.lease_lock:
             if method == "GET":
                 lease = cluster.leases.get((namespace, match["name"] or ""))

@@ -7,6 +7,7 @@ import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -14,13 +15,14 @@ import pytest
 from tests.builders import node, pod
 from tests.fake_apiserver import Cluster, FakeApiServer
 from tests.live_server import live_server, post_json
+from webhook.admission import parse_review
 from webhook.binding import BindGuard
 from webhook.config import config_from_dict
 from webhook.server import create_app
 from webhook.state import ClusterState, node_from, pod_record
 from webhook.state.apiserver import ApiServer
 from webhook.state.reservations import LeaseStore, LocalTable
-from webhook.state.source import FixedState
+from webhook.state.source import FixedState, Readiness, StateView
 
 SCHEDULER = "system:serviceaccount:volcano-system:volcano-scheduler"
 
@@ -201,6 +203,168 @@ def test_the_api_server_down_means_allowed_with_a_warning_within_three_seconds(t
     response = answer(client, binding("a", "gpu-1"))
     assert time.monotonic() - started < 3
     assert response["allowed"] is True and "did not check this binding" in response["warnings"][0]
+
+
+@pytest.fixture
+def leases(tmp_path):
+    cluster = Cluster()
+    server = FakeApiServer(cluster)
+    api = ApiServer.connect(kubeconfig=server.kubeconfig(tmp_path / "kubeconfig"))
+    yield cluster, LeaseStore(api, "admit-guard")
+    server.close()
+
+
+def review_of(review: dict):
+    return parse_review(json.dumps(review).encode())
+
+
+def test_a_device_binds_cpu_reservation_counts_for_a_cpu_only_bind(tmp_path, leases):
+    _, store = leases
+    both = pod("a", namespace="ml", requests={"nvidia.com/gpu": "1", "cpu": "1"})
+    cpu_only = pod("b", namespace="ml", requests={"cpu": "1"})
+    state = state_with(node("gpu-1", cpu="1", extra={"nvidia.com/gpu": "1"}), both, cpu_only)
+    guard = BindGuard(config_from_dict({}), LocalTable(tmp_path / "local"), store)
+    assert guard.review(review_of(binding("a", "gpu-1")), FixedState(state)).allowed  # through the Lease
+    second = guard.review(review_of(binding("b", "gpu-1")), FixedState(state))  # through the table
+    assert not second.allowed and second.reasons == ["OutOfcpu"]
+
+
+def test_a_cpu_only_binds_reservation_counts_for_a_device_bind(tmp_path, leases):
+    _, store = leases
+    cpu_only = pod("a", namespace="ml", requests={"cpu": "1"})
+    both = pod("b", namespace="ml", requests={"nvidia.com/gpu": "1", "cpu": "1"})
+    state = state_with(node("gpu-1", cpu="1", extra={"nvidia.com/gpu": "1"}), cpu_only, both)
+    guard = BindGuard(config_from_dict({}), LocalTable(tmp_path / "local"), store)
+    assert guard.review(review_of(binding("a", "gpu-1")), FixedState(state)).allowed
+    second = guard.review(review_of(binding("b", "gpu-1")), FixedState(state))
+    assert not second.allowed and second.reasons == ["OutOfcpu"]
+
+
+class EventAfterRead:
+    """A state source that applies one watch event right after the next read ends."""
+
+    def __init__(self, state: ClusterState) -> None:
+        self.state = state
+        self.event = None
+
+    @contextmanager
+    def reading(self):
+        yield StateView(self.state)
+        event, self.event = self.event, None
+        if event:
+            event()
+
+
+def test_the_winner_bound_between_reading_the_pod_and_deciding_still_counts(tmp_path):
+    state = state_with(node("gpu-1", extra={"nvidia.com/gpu": "1"}), gpu_pod("a"), gpu_pod("b"))
+    source = EventAfterRead(state)
+    guard = BindGuard(config_from_dict({}), LocalTable(tmp_path / "local"))
+    assert guard.review(review_of(binding("a", "gpu-1")), source).allowed
+    source.event = lambda: state.set_pod("uid-a", pod_record(gpu_pod("a", node_name="gpu-1")))
+    second = guard.review(review_of(binding("b", "gpu-1")), source)
+    assert not second.allowed and second.reasons == ["OutOfnvidia.com/gpu"]
+
+
+def test_a_replica_whose_watch_lags_counts_and_keeps_the_other_replicas_reservation(tmp_path):
+    table = tmp_path / "shared"  # one store for both, as their Lease is
+    ahead = state_with(node("gpu-1", extra={"nvidia.com/gpu": "1"}), gpu_pod("a"), gpu_pod("b"))
+    behind = state_with(node("gpu-1", extra={"nvidia.com/gpu": "1"}), gpu_pod("b"))  # has not seen a
+    conf = config_from_dict({})
+    assert (
+        BindGuard(conf, LocalTable(table)).review(review_of(binding("a", "gpu-1")), FixedState(ahead)).allowed
+    )
+    second = BindGuard(conf, LocalTable(table)).review(review_of(binding("b", "gpu-1")), FixedState(behind))
+    assert not second.allowed and second.reasons == ["OutOfnvidia.com/gpu"]
+    assert [r["pod"] for r in json.loads((table / "gpu-1.json").read_text())] == ["uid-a"]
+
+
+def test_a_bound_pods_reservation_stays_stored_for_replicas_that_have_not_seen_it_bound(tmp_path):
+    table = tmp_path / "shared"
+    state = state_with(node("gpu-1", extra={"nvidia.com/gpu": "2"}), gpu_pod("a"), gpu_pod("b"), gpu_pod("c"))
+    guard = BindGuard(config_from_dict({}), LocalTable(table))
+    assert guard.review(review_of(binding("a", "gpu-1")), FixedState(state)).allowed
+    state.set_pod("uid-a", pod_record(gpu_pod("a", node_name="gpu-1")))
+    assert guard.review(review_of(binding("b", "gpu-1")), FixedState(state)).allowed  # a counts once
+    assert [r["pod"] for r in json.loads((table / "gpu-1.json").read_text())] == ["uid-a", "uid-b"]
+    state.remove_pod("uid-a")  # deleted: its reservation ends everywhere it is seen ended
+    assert guard.review(review_of(binding("c", "gpu-1")), FixedState(state)).allowed
+    assert [r["pod"] for r in json.loads((table / "gpu-1.json").read_text())] == ["uid-b", "uid-c"]
+
+
+def test_exemptions_cover_binds_and_pods_created_with_node_name(tmp_path):
+    config = {"exemptions": [{"namespaces": ["ml"]}]}
+    state = state_with(node("gpu-1", extra={"nvidia.com/gpu": "1"}), gpu_pod("running", node_name="gpu-1"),
+                       gpu_pod("late"))  # fmt: skip
+    client = client_for(state, tmp_path, config)
+    assert answer(client, binding("late", "gpu-1"))["allowed"] is True
+    created = gpu_pod("direct", node_name="gpu-1")
+    review = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {"uid": "c", "kind": {"group": "", "version": "v1", "kind": "Pod"}, "namespace": "ml",
+                    "operation": "CREATE", "object": created},
+    }  # fmt: skip
+    assert answer(client, review)["allowed"] is True
+    other = config_from_dict({"exemptions": [{"namespaces": ["other"]}]})
+    guard = BindGuard(other, LocalTable(tmp_path / "other"))
+    assert not guard.review(review_of(binding("late", "gpu-1")), FixedState(state)).allowed
+
+
+def test_a_slow_api_server_fails_open_as_past_the_deadline(tmp_path, leases):
+    cluster, store = leases
+    cluster.lease_delay = 0.4
+    state = state_with(node("gpu-1", extra={"nvidia.com/gpu": "1"}), gpu_pod("a"))
+    config = {"policies": {"nodeAdmission": {"reservations": {"deadlineSeconds": 0.5}}}}
+    client = client_for(state, tmp_path, config, leases=store)
+    started = time.monotonic()
+    response = answer(client, binding("a", "gpu-1"))
+    assert time.monotonic() - started < 1.5
+    assert response["allowed"] is True and "did not check this binding" in response["warnings"][0]
+    metrics = client.get("/metrics").get_data(as_text=True)
+    assert 'admit_guard_binding_fail_open_total{reason="deadline"} 1.0' in metrics
+
+
+def test_the_state_not_ready_allows_a_bind_with_a_warning_and_counts_it(tmp_path):
+    conf = config_from_dict({})
+    guard = BindGuard(conf, LocalTable(tmp_path / "local"))
+
+    class Unsynced:
+        @contextmanager
+        def reading(self):
+            yield StateView(None, "the guard's cluster state is still being listed")
+
+        def readiness(self):
+            return Readiness(False, "listing")
+
+        def close(self):
+            pass
+
+    client = create_app(conf, Unsynced(), bind_guard=guard).test_client()
+    response = answer(client, binding("a", "gpu-1"))
+    assert response["allowed"] is True and "still being listed" in response["warnings"][0]
+    metrics = client.get("/metrics").get_data(as_text=True)
+    assert 'admit_guard_binding_fail_open_total{reason="state-unavailable"} 1.0' in metrics
+
+
+def test_an_unknown_node_is_allowed_with_unknown_node_allow_and_denied_by_default(tmp_path):
+    state = state_with(node("gpu-1", extra={"nvidia.com/gpu": "1"}), gpu_pod("a"))
+    allow = client_for(state, tmp_path, {"policies": {"nodeAdmission": {"unknownNode": "allow"}}})
+    response = answer(allow, binding("a", "gpu-9"))
+    assert response["allowed"] is True and "gpu-9" in response["warnings"][0]
+    assert 'reason="node-unknown"} 1.0' in allow.get("/metrics").get_data(as_text=True)
+    denied = answer(client_for(state, tmp_path), binding("a", "gpu-9"))
+    assert denied["allowed"] is False and denied["status"]["reason"] == "UnknownNode"
+
+
+def test_a_legacy_bindings_resource_is_checked_like_the_subresource(tmp_path):
+    state = state_with(
+        node("gpu-1", extra={"nvidia.com/gpu": "1"}), gpu_pod("running", node_name="gpu-1"), gpu_pod("late")
+    )
+    review = binding("late", "gpu-1")
+    review["request"]["resource"] = {"group": "", "version": "v1", "resource": "bindings"}
+    del review["request"]["subResource"]
+    response = answer(client_for(state, tmp_path), review)
+    assert response["allowed"] is False and response["status"]["reason"] == "OutOfnvidia.com/gpu"
 
 
 # -- two guard servers, two workers each, coordinating through the API server's Leases -------

@@ -25,10 +25,19 @@ from .config import Config
 from .engine import Decision, Violation
 from .kube.errors import FieldError
 from .kube.workloads import pod_shape
-from .state import ClusterState
 from .state.apiserver import ApiError
-from .state.model import Node, NodeUsage, PodRecord
-from .state.reservations import DeadlineExceeded, LeaseStore, LocalTable, Reservation, usage_with
+from .state.model import Node, PodRecord
+from .state.reservations import (
+    DeadlineExceeded,
+    Decide,
+    Keep,
+    LeaseStore,
+    LocalTable,
+    Reservation,
+    counts,
+    kept,
+    usage_with,
+)
 from .state.source import StateSource
 
 POLICY = "nodeAdmission"
@@ -88,12 +97,13 @@ class BindGuard:
 
     def review(self, req: AdmissionRequest, source: StateSource) -> Outcome:
         """A Binding: the pod and node are read under the state's lock; the reservation's
-        round trips happen after it is released (the informer must keep applying events)."""
+        round trips happen outside it (the informer must keep applying events)."""
+        deadline = time.monotonic() + self.config.node_admission.reservations.deadline_seconds
         target = binding_target(req)
         pod_name = f"pod {target.namespace}/{target.name}"
         outcome = Outcome(req, {"uid": req.uid, "allowed": True})
         mode = self.config.node_admission.mode
-        if mode == "off" or target.namespace in self.config.excluded_namespaces:
+        if mode == "off" or self._exempt(target.namespace, req):
             return outcome
         with source.reading() as view:
             state = view.state
@@ -102,7 +112,6 @@ class BindGuard:
                 return _unchecked(outcome, STATE_UNAVAILABLE, f"{pod_name} to {target.node}: {why}")
             record = state.find_pod(target.uid, target.namespace, target.name)
             node = state.nodes.get(target.node)
-            usage = state.usage(target.node).copy()
         if record is None or record.pending is None:
             return _unchecked(outcome, POD_UNKNOWN, f"{pod_name} is not a pending pod in the guard's state")
         if node is None:
@@ -117,69 +126,79 @@ class BindGuard:
             return _unchecked(outcome, NODE_UNKNOWN, f"node {target.node} is not in the guard's state")
         self._binders(outcome, record, req.user, pod_name)
         pod = PodUnderReview(record.pending.metadata, record.pending.spec, record)
-        return self._reserve_or_deny(outcome, state, usage, pod, node, req, pod_name, mode, created=False)
+        return self._reserve_or_deny(outcome, source, pod, node, req, pod_name, mode, deadline, created=False)
 
     def review_created(self, req: AdmissionRequest, source: StateSource, outcome: Outcome) -> Outcome:
         """A pod CREATE with ``spec.nodeName`` the engine allowed: re-check it against the
         reservations of in-flight binds and reserve its capacity the same way."""
+        deadline = time.monotonic() + self.config.node_admission.reservations.deadline_seconds
         spec = (req.obj or {}).get("spec")
         node_name = spec.get("nodeName") if isinstance(spec, Mapping) else None
         if not node_name or not outcome.allowed or req.dry_run or req.kind != "Pod":
             return outcome
         mode = self.config.node_admission.mode
-        if mode == "off" or req.namespace in self.config.excluded_namespaces:
+        if mode == "off" or self._exempt(req.namespace, req):
             return outcome
         with source.reading() as view:
-            state = view.state
-            node = state.nodes.get(node_name) if state is not None else None
-            usage = state.usage(node_name).copy() if node is not None else None
-        if node is None or usage is None:
+            node = view.state.nodes.get(node_name) if view.state is not None else None
+        if node is None:
             return outcome
         try:
             pod = PodUnderReview.from_shape(pod_shape(req.obj))
         except FieldError:
             return outcome  # the engine already answered for unreadable fields
         name = f"pod {req.namespace}/{req.name}"
-        return self._reserve_or_deny(outcome, state, usage, pod, node, req, name, mode, created=True)
+        return self._reserve_or_deny(outcome, source, pod, node, req, name, mode, deadline, created=True)
 
-    # -- the decision, inside the store's read-check-write ------------------------------
+    # -- the decision, inside the stores' read-check-write ------------------------------
 
     def _reserve_or_deny(
         self,
         outcome: Outcome,
-        state: ClusterState,
-        usage: NodeUsage,
+        source: StateSource,
         pod: PodUnderReview,
         node: Node,
         req: AdmissionRequest,
         pod_name: str,
         mode: str,
+        deadline: float,
         *,
         created: bool,
     ) -> Outcome:
         settings = self.config.node_admission.reservations
         now = self.clock()
-        deadline = time.monotonic() + settings.deadline_seconds
         unsafe = self.config.node_admission.unsafe_sysctls_for(node.labels)
+        new = Reservation.of(pod.record, node.name, settings.ttl_seconds, now)
         failures: list[Failure] = []
 
-        def decide(held: list[Reservation]) -> bool:
-            failures[:] = kubelet_admission(pod, node, usage_with(usage, held), unsafe)
+        def decide(stored: list[Reservation]) -> bool:
+            # The node's usage and which reservations still count are read at one moment, under
+            # the state's lock: a watch event between the two would count a pod in neither.
+            entries = {r.pod: r for r in stored if r.pod != new.pod}.values()  # the table mirrors Leases
+            with source.reading() as view:
+                if view.state is None:
+                    raise _StateGone(view.unavailable or "no state")
+                held = [r for r in entries if counts(r, view.state, now)]
+                usage = usage_with(view.state.usage(node.name), held)
+                failures[:] = kubelet_admission(pod, node, usage, unsafe)
             return not failures or mode in ("warn", "audit")
 
-        new = Reservation.of(pod.record, node.name, settings.ttl_seconds, now, seen=not created)
-        write = not req.dry_run
+        def keep(reservation: Reservation) -> bool:
+            with source.reading() as view:
+                return view.state is None or kept(reservation, view.state, now)
+
+        stores = [self.local] if self.local is not None else []
+        if self.leases is not None and self._coordinated(pod.record):
+            stores.append(self.leases)
         try:
-            if self.leases is not None and self._coordinated(pod.record):
-                self.leases.reserve(new, state, decide, now, write=write, deadline=deadline)
-            elif self.local is not None:
-                self.local.reserve(new, state, decide, now, write=write)
-            else:
-                decide([])
+            _through(stores, new, decide, keep, write=not req.dry_run, deadline=deadline)
+        except _StateGone as err:
+            return _unchecked(outcome, STATE_UNAVAILABLE, f"{pod_name} to {node.name}: {err}")
         except DeadlineExceeded as err:
             return _unchecked(outcome, DEADLINE, f"{pod_name} to {node.name}: {err} past the deadline")
         except (ApiError, OSError) as err:
-            return _unchecked(outcome, API_ERROR, f"{pod_name} to {node.name}: {err}")
+            why = DEADLINE if time.monotonic() >= deadline else API_ERROR
+            return _unchecked(outcome, why, f"{pod_name} to {node.name}: {err}")
         if not failures:
             return outcome
         who = (
@@ -209,6 +228,12 @@ class BindGuard:
             return outcome
         return _deny(outcome, first.reason, message, [f.reason for f in failures], node.name)
 
+    def _exempt(self, namespace: str, req: AdmissionRequest) -> bool:
+        """Excluded namespaces and the ``nodeAdmission`` exemptions, as the engine applies them."""
+        return namespace in self.config.excluded_namespaces or any(
+            e.covers(POLICY, namespace, req.user, req.groups) for e in self.config.exemptions
+        )
+
     def _coordinated(self, record: PodRecord) -> bool:
         devices = self.config.device_scheduler.resources
         settings = self.config.node_admission.reservations
@@ -225,6 +250,32 @@ class BindGuard:
                     f"[deviceScheduler] MixedDeviceScheduler: {pod_name} requests {resource} and was bound "
                     f"by {user or 'an unknown binder'}; only {', '.join(allowed)} should bind it."
                 )
+
+
+class _StateGone(Exception):
+    """The state became unavailable between reading the pod and deciding."""
+
+
+def _through(
+    stores: list[LocalTable | LeaseStore],
+    new: Reservation,
+    decide: Decide,
+    keep: Keep,
+    *,
+    write: bool,
+    deadline: float,
+    seen: tuple[Reservation, ...] = (),
+) -> bool:
+    """Reserve in every store at once: each store's read-check-write runs inside the previous
+    one's, and the decision sees the entries of all of them."""
+    if not stores:
+        return decide(list(seen))
+    first, *rest = stores
+
+    def inner(stored: list[Reservation]) -> bool:
+        return _through(rest, new, decide, keep, write=write, deadline=deadline, seen=(*seen, *stored))
+
+    return first.reserve(new, inner, keep, write=write, deadline=deadline)
 
 
 def _unchecked(outcome: Outcome, why: str, detail: str) -> Outcome:

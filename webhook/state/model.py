@@ -104,6 +104,7 @@ class NodeUsage:
 
 
 _EMPTY_USAGE = NodeUsage()
+ENDED_KEYS = 65_536
 
 
 def object_key(obj: Mapping[str, Any]) -> str:
@@ -207,10 +208,13 @@ def _list(obj: Mapping[str, Any], key: str, field: str) -> list[Any]:
 class ClusterState:
     """Nodes, active pods and their aggregates; mutated only through the methods below."""
 
-    __slots__ = ("_device_schedulers", "_pending_names", "_usage", "nodes", "pods", "storm")
+    __slots__ = ("_device_schedulers", "_pending_names", "_usage", "ended", "nodes", "pods", "storm")
 
     def __init__(self, storm: StormBreakers | None = None) -> None:
         self.storm = storm  # per-owner admission rejections, when a source records them
+        # Keys of pods seen to end (deleted or terminal), newest last, so a reservation can tell
+        # an ended pod from one this state has not seen yet. Bounded: far more than a TTL's binds.
+        self.ended: dict[str, None] = {}
         self._pending_names: dict[tuple[str, str], str] = {}  # (namespace, name) → key
         self.nodes: dict[str, Node] = {}
         self.pods: dict[str, PodRecord] = {}
@@ -243,9 +247,11 @@ class ClusterState:
         """Add, replace, or (with ``None``, a terminal pod) remove the pod stored under ``key``."""
         if record is not None and self.pods.get(key) == record:
             return  # most watch events change status or labels, nothing a check reads
-        self.remove_pod(key)
         if record is None:
+            self.remove_pod(key)
             return
+        self._unindex(key)
+        self.ended.pop(key, None)
         self.pods[key] = record
         if record.pending is not None:
             self._pending_names[(record.pending.namespace, record.pending.name)] = key
@@ -262,6 +268,13 @@ class ClusterState:
             usage.host_ports.update(record.host_ports)
 
     def remove_pod(self, key: str) -> None:
+        """The pod was deleted or ended: it holds nothing, and its reservations end."""
+        self._unindex(key)
+        self.ended[key] = None
+        if len(self.ended) > ENDED_KEYS:
+            del self.ended[next(iter(self.ended))]
+
+    def _unindex(self, key: str) -> None:
         record = self.pods.pop(key, None)
         if record is None:
             return

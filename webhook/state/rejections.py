@@ -175,9 +175,7 @@ class StormBreakers:
 
     def _open(self, breaker: Breaker, at: float, cooldown: float, why: str) -> None:
         breaker.state, breaker.cooldown, breaker.probe_at = OPEN, cooldown, None
-        log.info(
-            "storm breaker open for %s: %s; cool-down %.0f s", _describe(breaker.owner), why, cooldown
-        )
+        log.info("storm breaker open for %s: %s; cool-down %.0f s", _describe(breaker.owner), why, cooldown)
 
 
 def _describe(owner: Owner) -> str:

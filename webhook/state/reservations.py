@@ -12,8 +12,12 @@ replica of the guard. Two stores, both "read, re-check, write":
   a 409 means another writer won, so read again and re-check. The API server (etcd) is the
   only arbiter; the guard builds no consensus of its own.
 
-A reservation ends when the state shows the pod bound (its own record then counts, never
-both), deleted or terminal, or after its TTL.
+A coordinated bind goes through both: the replica's table is locked for the node while the
+Lease is read and written, and the decision counts the entries of both (the table mirrors the
+replica's Lease entries), so a cpu-only bind sees the cpu a GPU bind reserved, and the other way
+round. A reservation stops counting when the state shows the pod bound (its own record then
+counts, never both), deleted or terminal, or after its TTL; it is dropped from the store only
+when the pod ended or the TTL passed, since another worker's or replica's watch may lag.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from __future__ import annotations
 import fcntl
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,7 +47,6 @@ class Reservation:
     requests: dict[str, int]
     host_ports: tuple[HostPort, ...]
     expires: float
-    seen: bool = True  # the pod was in the state when reserved (a bind), not only being created
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -52,7 +55,6 @@ class Reservation:
             "requests": self.requests,
             "hostPorts": [list(p) for p in self.host_ports],
             "expires": self.expires,
-            "seen": self.seen,
         }
 
     @classmethod
@@ -64,33 +66,38 @@ class Reservation:
                 {str(k): int(v) for k, v in data["requests"].items()},
                 tuple((str(p[0]), str(p[1]), int(p[2])) for p in data.get("hostPorts") or ()),
                 float(data["expires"]),
-                bool(data.get("seen", True)),
             )
         except (KeyError, TypeError, ValueError, AttributeError):
             return None  # a foreign or damaged entry holds nothing
 
     @classmethod
-    def of(cls, record: PodRecord, node: str, ttl: float, now: float, *, seen: bool = True) -> Reservation:
+    def of(cls, record: PodRecord, node: str, ttl: float, now: float) -> Reservation:
         requests = {r: a for r, a in record.requests.items() if a}
-        return cls(record.key, node, requests, record.host_ports, now + ttl, seen)
+        return cls(record.key, node, requests, record.host_ports, now + ttl)
 
 
-def still_held(reservation: Reservation, state: ClusterState, now: float) -> bool:
-    """Until the TTL, while the pod is pending (bound: its own record counts, never both).
+def kept(reservation: Reservation, state: ClusterState, now: float) -> bool:
+    """Whether a stored reservation is written back: until its TTL, unless the pod ended.
 
-    A bound pod that left the state was deleted or ended; a created pod not yet in the state
-    is held until the watch shows it.
+    A pod this state shows bound is kept too: another worker or replica whose watch lags still
+    sees it pending, without its record in the node's usage, and must count the reservation.
     """
-    if reservation.expires <= now:
+    return reservation.expires > now and reservation.pod not in state.ended
+
+
+def counts(reservation: Reservation, state: ClusterState, now: float) -> bool:
+    """Whether a reservation adds to the node's usage in this state: kept, and the pod not yet
+    bound here (once bound its own record counts, never both). A pod this state has not seen
+    yet (a created one, or a watch behind another replica's) counts until its TTL."""
+    if not kept(reservation, state, now):
         return False
     record = state.pods.get(reservation.pod)
-    if record is None:
-        return not reservation.seen
-    return not record.node
+    return record is None or not record.node
 
 
-def usage_with(usage: NodeUsage, reservations: list[Reservation]) -> NodeUsage:
+def usage_with(usage: NodeUsage, reservations: Iterable[Reservation]) -> NodeUsage:
     """The node's usage as if every reserved pod were already bound there."""
+    reservations = list(reservations)
     if not reservations:
         return usage
     requested = dict(usage.requested)
@@ -106,9 +113,16 @@ def usage_with(usage: NodeUsage, reservations: list[Reservation]) -> NodeUsage:
     return NodeUsage(requested, pods, ports)
 
 
-# ``decide(held) -> bool``: given the reservations still held on the node (the pod's own
-# excluded), whether the new one fits. ``reserve`` returns that verdict; a True one is stored.
+# ``decide(stored) -> bool``: given every reservation a store holds for the node (the new pod's
+# own included, for the caller to set aside), whether the new one fits. ``reserve`` returns that
+# verdict and, when it is True and ``write`` is set, stores the new reservation beside the
+# ``keep`` ones (``keep(r)``: whether an old entry is written back).
 Decide = Callable[[list[Reservation]], bool]
+Keep = Callable[[Reservation], bool]
+
+
+class DeadlineExceeded(Exception):
+    """The coordination did not finish within the decision's deadline."""
 
 
 class LocalTable:
@@ -119,22 +133,39 @@ class LocalTable:
         self.directory.mkdir(parents=True, exist_ok=True)
 
     def reserve(
-        self, new: Reservation, state: ClusterState, decide: Decide, now: float, *, write: bool = True
+        self, new: Reservation, decide: Decide, keep: Keep, *, write: bool = True, deadline: float
     ) -> bool:
+        """Raises ``DeadlineExceeded`` when another thread or worker holds the node's lock past
+        the deadline, ``OSError`` when the table cannot be read or written."""
         path = self.directory / f"{new.node}.json"
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            held = [r for r in _entries(_read_all(fd)) if still_held(r, state, now) and r.pod != new.pod]
-            fits = decide(held)
+            _lock(fd, deadline, path)
+            stored = _entries(_read_all(fd))
+            fits = decide(stored)
             if fits and write:
-                data = orjson.dumps([r.as_json() for r in (*held, new)])
+                data = orjson.dumps([r.as_json() for r in _after(stored, new, keep)])
                 os.lseek(fd, 0, os.SEEK_SET)
                 os.ftruncate(fd, 0)
                 os.write(fd, data)
             return fits
         finally:
             os.close(fd)  # releases the lock
+
+
+def _lock(fd: int, deadline: float, path: Path) -> None:
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise DeadlineExceeded(f"waiting for the lock of {path}") from None
+            time.sleep(0.0005)
+
+
+def _after(stored: list[Reservation], new: Reservation, keep: Keep) -> list[Reservation]:
+    return [*(r for r in stored if r.pod != new.pod and keep(r)), new]
 
 
 def _read_all(fd: int) -> bytes:
@@ -153,10 +184,6 @@ def _entries(data: bytes | str | None) -> list[Reservation]:
     return [r for r in map(Reservation.from_json, raw if isinstance(raw, list) else []) if r is not None]
 
 
-class DeadlineExceeded(Exception):
-    """The coordination did not finish within the decision's deadline."""
-
-
 class LeaseStore:
     """Reservations coordinated through the API server: one Lease per node, optimistic writes."""
 
@@ -166,14 +193,7 @@ class LeaseStore:
         self.writes = 0  # API writes, for the benchmark's writes per bind
 
     def reserve(
-        self,
-        new: Reservation,
-        state: ClusterState,
-        decide: Decide,
-        now: float,
-        *,
-        write: bool = True,
-        deadline: float,
+        self, new: Reservation, decide: Decide, keep: Keep, *, write: bool = True, deadline: float
     ) -> bool:
         """Raises ``ApiError`` (the API server failed) or ``DeadlineExceeded``."""
         path = f"/apis/coordination.k8s.io/v1/namespaces/{self.namespace}/leases"
@@ -189,14 +209,13 @@ class LeaseStore:
                 raise ApiError(status, f"GET Lease {self.namespace}/{name}: {lease.get('message', '')}")
             metadata = lease.setdefault("metadata", {})
             annotations = metadata.get("annotations") or {}
-            entries = _entries(annotations.get(ANNOTATION))
-            held = [r for r in entries if still_held(r, state, now) and r.pod != new.pod]
-            fits = decide(held)
+            stored = _entries(annotations.get(ANNOTATION))
+            fits = decide(stored)
             if not fits or not write:
                 return fits
             metadata["annotations"] = {
                 **annotations,
-                ANNOTATION: orjson.dumps([r.as_json() for r in (*held, new)]).decode(),
+                ANNOTATION: orjson.dumps([r.as_json() for r in _after(stored, new, keep)]).decode(),
             }
             remaining = max(0.001, deadline - time.monotonic())
             if status == 404:
