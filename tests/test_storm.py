@@ -19,7 +19,7 @@ from webhook.kube.rejection import Owner
 from webhook.server import create_app
 from webhook.state.apiserver import ApiServer
 from webhook.state.informer import Informer, Timing
-from webhook.state.rejections import CLOSED, HALF_OPEN, MAX_COOLDOWN, MAX_KEPT, OPEN, StormBreakers
+from webhook.state.rejections import CLOSED, HALF_OPEN, MAX_COOLDOWN, MAX_KEPT, MAX_SEEN, OPEN, StormBreakers
 from webhook.state.snapshot import load_snapshot
 
 OWNER = Owner("rs-uid", "ReplicaSet", "trainer-7d9f", "ml")
@@ -109,8 +109,59 @@ def test_memory_is_bounded_whatever_the_number_of_failed_pods():
     for n in range(20 * MAX_KEPT):
         storm.rejected(OWNER, f"p{n}", "OutOfcpu", "n1", n / 1000)
     breaker = storm.breakers["rs-uid"]
-    assert len(breaker.recent) == MAX_KEPT and len(breaker.seen) == MAX_KEPT
+    assert len(breaker.recent) == MAX_KEPT and len(breaker.seen) == MAX_SEEN
     assert breaker.total == 20 * MAX_KEPT
+
+
+def test_old_rejections_found_by_a_live_list_are_recorded_but_trip_nothing():
+    storm = StormBreakers(threshold=3, window=60, cooldown=10)
+    day = 86_400.0
+    for n in range(5):
+        storm.rejected(OWNER, f"p{n}", "OutOfcpu", "n1", n, now=day)  # a storm a day ago
+    breaker = storm.breakers["rs-uid"]
+    assert breaker.state == CLOSED and breaker.total == 5 and storm.trips == 0
+    for n in range(3):
+        storm.rejected(OWNER, f"new{n}", "OutOfcpu", "n1", day - 10 + n, now=day)  # a storm now
+    assert breaker.state == OPEN and storm.trips == 1
+
+
+def test_pods_listed_again_after_a_relist_are_not_counted_again():
+    storm = StormBreakers(threshold=3, window=60, cooldown=10)
+    for n in range(3):
+        storm.rejected(OWNER, f"p{n}", "OutOfcpu", "n1", n)
+    storm.probe_admitted("rs-uid", 20)
+    for n in range(3):  # the relist finds the same Failed pods
+        storm.rejected(OWNER, f"p{n}", "OutOfcpu", "n1", n, now=25)
+    breaker = storm.breakers["rs-uid"]
+    assert breaker.state == HALF_OPEN and breaker.cooldown == 10 and breaker.total == 3
+    storm.running("rs-uid", 30)
+    for n in range(3):
+        storm.rejected(OWNER, f"p{n}", "OutOfcpu", "n1", n, now=35)
+    assert breaker.state == CLOSED and storm.trips == 1
+
+
+def test_an_open_breaker_whose_owner_creates_no_pods_is_forgotten_after_a_cooldown_and_a_window():
+    storm = StormBreakers(threshold=1, window=60, cooldown=10)
+    storm.rejected(OWNER, "a", "OutOfcpu", "n1", 0)
+    storm.prune(69)
+    assert [b.owner for b in storm.open_breakers()] == [OWNER]
+    storm.prune(71)
+    assert not storm.open_breakers() and not storm.breakers
+
+
+def test_each_breaker_transition_is_one_log_line(caplog):
+    caplog.set_level("INFO", logger="webhook.state.rejections")
+    storm = StormBreakers(threshold=1, window=60, cooldown=10)
+    storm.rejected(OWNER, "a", "OutOfcpu", "n1", 0)
+    storm.probe_admitted("rs-uid", 11)
+    storm.running("rs-uid", 12)
+    lines = [r.getMessage() for r in caplog.records]
+    assert [line.split(" for ")[0] for line in lines] == [
+        "storm breaker open",
+        "storm breaker half-open",
+        "storm breaker closed",
+    ]
+    assert all("ReplicaSet ml/trainer-7d9f" in line for line in lines)
 
 
 def test_only_kubelet_admission_rejections_count():
@@ -288,3 +339,23 @@ def test_open_breakers_trips_and_probes_are_exported(live):
     text = client.get("/metrics").get_data(as_text=True)
     assert 'admit_guard_storm_breakers_open{namespace="ml",owner="ReplicaSet/trainer-7d9f"} 1.0' in text
     assert "admit_guard_storm_trips 1.0" in text
+
+
+def test_serve_writes_breaker_transitions_to_stderr_at_its_log_level(capsys):
+    import logging
+
+    from webhook.server import log_events_to_stderr
+
+    handler = log_events_to_stderr("info")
+    try:
+        storm = StormBreakers(threshold=1, window=60, cooldown=10)
+        storm.rejected(OWNER, "a", "OutOfcpu", "n1", 0)
+        storm.probe_admitted("rs-uid", 11)
+    finally:
+        package = logging.getLogger("webhook")
+        package.removeHandler(handler)
+        package.propagate = True
+        package.setLevel(logging.NOTSET)
+    err = capsys.readouterr().err
+    assert "[WARNING] webhook.state.rejections: storm breaker open for ReplicaSet ml/trainer-7d9f" in err
+    assert "[INFO] webhook.state.rejections: storm breaker half-open" in err

@@ -567,7 +567,7 @@ def serve(
     reservations = _shared_directory("admit-guard-reservations-")  # the workers' LocalTable
     # Imported only now: the metrics client picks its multi-process mode at import time.
     from .binding import BindGuard
-    from .server import create_app, log_decisions_to_stderr
+    from .server import create_app, log_decisions_to_stderr, log_events_to_stderr
     from .serving import GuardServer, ServeOptions
     from .state.informer import Informer, Timing
     from .state.rejections import StormBreakers
@@ -608,6 +608,7 @@ def serve(
         max_body_bytes=max_body_bytes,
     )
     log_decisions_to_stderr()
+    log_events_to_stderr(log_level)
     GuardServer(app, options).run()
 
 

@@ -202,6 +202,18 @@ def log_decisions_to_stderr() -> None:
     log_lines_in_background(logging.getLogger(DECISION_LOG), sys.stderr)
 
 
+def log_events_to_stderr(level: str) -> logging.Handler:
+    """The guard's own events (storm breaker transitions, watch retries) at ``--log-level``, one
+    line each on stderr: gunicorn configures only its own loggers, so without this they vanish."""
+    logger = logging.getLogger(__package__)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s [%(process)d] [%(levelname)s] %(name)s: %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(level.upper())
+    logger.propagate = False
+    return handler
+
+
 def flush_decisions() -> None:
     """Write the decision lines still queued (a worker is exiting)."""
     flush_decision_lines(logging.getLogger(DECISION_LOG))

@@ -203,7 +203,7 @@ class Informer:
             page = self.api.list_page(kind.name, self.timing.page_size, token)
             if kind.name == "pods" and self.state.storm is not None:
                 for obj in page.items:
-                    self.state.storm.observe(obj, None)  # listed: rejected at its creation time
+                    self.state.storm.observe(obj, None, time.time())  # listed: at its creation time
             built = [(kind.key(obj), self._build(kind, obj)) for obj in page.items]
             with self.lock:
                 for key, value in built:

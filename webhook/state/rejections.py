@@ -4,7 +4,11 @@ Every worker's informer sees the same Failed pods, so every worker's breakers re
 state without talking to each other. A rejection's time is when the guard first saw the pod
 Failed (a watch event), or the pod's ``creationTimestamp`` when it was found by a list or in a
 snapshot. Memory is bounded by owners x window: an owner keeps at most ``MAX_KEPT`` recent
-rejections, and closed owners with nothing in the window are forgotten.
+rejections (and the keys of ``MAX_SEEN`` pods, so a relist does not count a pod twice), closed
+owners with nothing in the window are forgotten, and so are open ones with nothing new (no
+rejection, no probe) for a cool-down and a window: their controller stopped creating pods.
+A list that finds old Failed pods records them but trips nothing: only rejections within the
+window of now can open a breaker, and only one newer than the last known can reopen it.
 
 Breaker per owner (the controller ``ownerReference``):
 closed → open when ``threshold`` rejections fall within ``window``; open denies the owner's pod
@@ -30,13 +34,14 @@ log = logging.getLogger(__name__)
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half-open"
 MAX_COOLDOWN = 3600.0
 MAX_KEPT = 1024  # recent rejections kept per owner, whatever the storm's size
+MAX_SEEN = 4 * MAX_KEPT  # pod keys remembered per owner, so a relist never counts a pod twice
 
 
 @dataclass(slots=True)
 class Breaker:
     owner: Owner
-    recent: deque[tuple[float, str]] = field(default_factory=lambda: deque(maxlen=MAX_KEPT))
-    seen: set[str] = field(default_factory=set)  # the pods in ``recent``
+    recent: deque[float] = field(default_factory=lambda: deque(maxlen=MAX_KEPT))
+    seen: dict[str, None] = field(default_factory=dict)  # pods counted, oldest first
     reasons: Counter[str] = field(default_factory=Counter)
     nodes: Counter[str] = field(default_factory=Counter)
     total: int = 0
@@ -46,7 +51,11 @@ class Breaker:
     probe_at: float | None = None
 
     def in_window(self, now: float, window: float) -> int:
-        return sum(1 for at, _ in self.recent if at > now - window)
+        return sum(1 for at in self.recent if at > now - window)
+
+    def quiet_since(self) -> float:
+        """The last thing that happened to it: a rejection, or a probe admitted."""
+        return max(self.last_rejection, self.probe_at or 0.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,9 +86,11 @@ class StormBreakers:
 
     # -- what the informer and the snapshot loader report --------------------------------
 
-    def observe(self, pod: Mapping[str, Any], seen_at: float | None) -> None:
+    def observe(self, pod: Mapping[str, Any], seen_at: float | None, now: float | None = None) -> None:
         """A pod from a watch event (``seen_at``: now) or a list/snapshot (None: its
-        ``creationTimestamp``). Only Failed-at-admission and Running pods of an owner matter."""
+        ``creationTimestamp``). Only Failed-at-admission and Running pods of an owner matter.
+        ``now``: when a live list runs, so old rejections it finds trip nothing (a snapshot
+        passes None: its breakers are rebuilt as they stood when it was taken)."""
         status = pod.get("status")
         phase = status.get("phase") if isinstance(status, Mapping) else None
         if phase == "Running":
@@ -101,24 +112,30 @@ class StormBreakers:
         spec = pod.get("spec")
         node = spec.get("nodeName") if isinstance(spec, Mapping) else ""
         key = str(metadata.get("uid") or f"{owner.namespace}/{metadata.get('name')}")
-        self.rejected(owner, key, rejection.reason, str(node or ""), at)
+        self.rejected(owner, key, rejection.reason, str(node or ""), at, now)
 
-    def rejected(self, owner: Owner, pod: str, reason: str, node: str, at: float) -> None:
+    def rejected(
+        self, owner: Owner, pod: str, reason: str, node: str, at: float, now: float | None = None
+    ) -> None:
+        """Record one rejection at ``at``; ``now`` (a live list's time) keeps old ones from tripping."""
         with self._lock:
             breaker = self.breakers.get(owner.uid)
             if breaker is None:
                 breaker = self.breakers[owner.uid] = Breaker(owner)
             if pod in breaker.seen:
-                return  # the same Failed pod, modified again
-            if len(breaker.recent) == breaker.recent.maxlen:
-                breaker.seen.discard(breaker.recent[0][1])
-            breaker.recent.append((at, pod))
-            breaker.seen.add(pod)
+                return  # the same Failed pod, modified again or listed again
+            breaker.seen[pod] = None
+            if len(breaker.seen) > MAX_SEEN:
+                del breaker.seen[next(iter(breaker.seen))]
+            newer = at > breaker.last_rejection
+            breaker.recent.append(at)
             breaker.reasons[reason] += 1
             breaker.nodes[node or "<no node>"] += 1
             breaker.total += 1
             breaker.last_rejection = max(breaker.last_rejection, at)
-            if breaker.state == HALF_OPEN:
+            if now is not None and at <= now - self.window:
+                return  # found by a list, long over: it counts, but opens nothing
+            if breaker.state == HALF_OPEN and newer:
                 self._open(breaker, at, min(2 * breaker.cooldown, MAX_COOLDOWN), "the probe was rejected")
             elif breaker.state == CLOSED and breaker.in_window(at, self.window) >= self.threshold:
                 self.trips += 1
@@ -130,8 +147,7 @@ class StormBreakers:
             breaker = self.breakers.get(owner_uid)
             if breaker is not None and breaker.state == HALF_OPEN and at >= (breaker.probe_at or 0.0):
                 breaker.state, breaker.probe_at = CLOSED, None
-                breaker.recent.clear()
-                breaker.seen.clear()
+                breaker.recent.clear()  # the pods stay seen: listed again, they count no more
                 log.info("storm breaker closed for %s: a pod is Running", _describe(breaker.owner))
 
     # -- what a review asks, and what the server reports back ----------------------------
@@ -164,18 +180,27 @@ class StormBreakers:
             return [b for b in self.breakers.values() if b.state != CLOSED]
 
     def prune(self, now: float) -> None:
-        """Forget closed owners with nothing in the window (memory: owners x window)."""
+        """Forget closed owners with nothing in the window (memory: owners x window), and open
+        ones quiet for a cool-down and a window: no pod of theirs came to be probed."""
         with self._lock:
-            for uid in [
-                uid
-                for uid, b in self.breakers.items()
-                if b.state == CLOSED and b.last_rejection <= now - self.window
-            ]:
+            for uid in [uid for uid, b in self.breakers.items() if self._forgotten(b, now)]:
+                if self.breakers[uid].state != CLOSED:
+                    log.info(
+                        "storm breaker forgotten for %s: no pod came for a probe",
+                        _describe(self.breakers[uid].owner),
+                    )
                 del self.breakers[uid]
+
+    def _forgotten(self, breaker: Breaker, now: float) -> bool:
+        if breaker.state == CLOSED:
+            return breaker.last_rejection <= now - self.window
+        return breaker.quiet_since() <= now - breaker.cooldown - self.window
 
     def _open(self, breaker: Breaker, at: float, cooldown: float, why: str) -> None:
         breaker.state, breaker.cooldown, breaker.probe_at = OPEN, cooldown, None
-        log.info("storm breaker open for %s: %s; cool-down %.0f s", _describe(breaker.owner), why, cooldown)
+        log.warning(
+            "storm breaker open for %s: %s; cool-down %.0f s", _describe(breaker.owner), why, cooldown
+        )
 
 
 def _describe(owner: Owner) -> str:
