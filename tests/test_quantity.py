@@ -1,12 +1,16 @@
+import tracemalloc
 from decimal import Decimal, localcontext
 from fractions import Fraction
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from kubernetes.utils import parse_quantity as client_parse_quantity
 
+from webhook.kube import quantity
+from webhook.kube.errors import FieldError
 from webhook.kube.quantity import QuantityError, base_units, format_amount, parse_quantity
+from webhook.kube.resources import resource_list
 
 SUFFIXES = ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei", "n", "u", "m", "k", "M", "G", "T", "P", "E"]
 digits = st.text("0123456789", min_size=1, max_size=12)
@@ -71,6 +75,67 @@ def test_a_long_malformed_quantity_is_an_error_not_a_hang(text):
 )
 def test_quantities_with_any_exponent_or_length_parse_and_saturate(text, millicores):
     assert base_units("cpu", parse_quantity(text)) == millicores
+
+
+MILLION = 1_000_001
+
+
+@pytest.mark.parametrize(
+    ("text", "millicores"),
+    [
+        ("1" * MILLION, 10**43),  # past decimal's default exponent limit: it raised Overflow
+        ("-" + "9" * MILLION + "Ki", -(10**43)),
+        ("1" * MILLION + "e-1000000", 1112),  # 1.111...: a long mantissa with an exponent to match
+        ("1" * MILLION + "e-999999999999999999999", 1),
+        ("0" * MILLION + "1.5", 1500),
+        ("0." + "0" * MILLION + "1", 1),
+        ("1." + "0" * MILLION + "1", 1001),
+    ],
+)
+def test_a_million_digit_mantissa_parses_and_saturates(text, millicores):
+    assert base_units("cpu", parse_quantity(text)) == millicores
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    sign=st.sampled_from(["", "+", "-"]),
+    zeros=st.integers(0, MILLION),
+    digits=st.integers(0, MILLION),
+    point=st.booleans(),
+    fraction=st.integers(0, MILLION),
+    tail=st.sampled_from(["", "e", "e-", "E+", "Ki", "m", "n", "E", "x", ".", " "]),
+    exponent=st.one_of(st.just(""), st.integers(-(10**30), 10**30).map(str)),
+)
+def test_every_string_parses_or_is_a_quantity_error(sign, zeros, digits, point, fraction, tail, exponent):
+    text = sign + "0" * zeros + "7" * digits + ("." if point else "") + "3" * fraction + tail + exponent
+    try:
+        parse_quantity(text)
+    except QuantityError:
+        pass
+    with pytest.raises(FieldError, match="requests.cpu"):
+        resource_list({"cpu": text + "?"}, "requests")
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 3000), st.integers(0, 3000), st.integers(-5, 5))
+def test_long_mantissas_have_their_exact_value(whole, fraction, shift):
+    text = "1" * whole + "." + "7" * fraction + f"e{shift - whole}"
+    exact = Fraction(Decimal(text))
+    assert base_units("cpu", parse_quantity(text)) == -(-exact * 1000 // 1)
+
+
+def test_long_quantities_are_not_kept_in_the_cache():
+    quantity._parse_cached.cache_clear()
+    tracemalloc.start()
+    try:
+        for i in range(200):
+            assert parse_quantity(str(i) + "0" * 100_000) == quantity._HUGE
+            assert parse_quantity(f"{i}0" + "0" * 60 + "e-60") == i * 10
+        retained, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert retained < 2_000_000  # 200 cached 100 kB strings would hold 20 MB
+    assert quantity._parse_cached.cache_info().currsize == 200  # short ones still are
 
 
 @given(st.integers(min_value=0, max_value=2**62))

@@ -226,18 +226,20 @@ def storm_findings(
 
 def _storm(group: StormGroup, settings: StormBreakerConfig, now: float) -> Finding:
     owner = group.owner
-    who = (
-        f"{owner.kind} {group.namespace}/{owner.name}"
+    one = group.count == 1
+    subject = (
+        f"{_pods(group.count)} of {owner.kind} {group.namespace}/{owner.name}"
         if owner
-        else f"pods without a controller in {group.namespace}"
+        else f"{_pods(group.count)} without a controller in namespace {group.namespace}"
     )
     reasons = Counter(p.reason for p in group.pods)
     nodes = Counter(p.node or "<no node>" for p in group.pods)
     times = sorted(t for t in (_epoch(p.created) for p in group.pods) if t is not None)
     when, running = _storm_timing(times, group.count, settings, now)
     message = (
-        f"{group.count} pods of {who} were rejected by the kubelet at admission and are still "
-        f"present (Failed): reasons {_top(reasons)}; nodes {_top(nodes)}; {when} "
+        f"{subject} {'was' if one else 'were'} rejected by the kubelet at admission and "
+        f"{'is' if one else 'are'} still present (Failed): reasons {_top(reasons)}; "
+        f"nodes {_top(nodes)}; {when} "
         f"{_RUNNING if running else _OVER} "
         f"Clean up: {cleanup_command(group)}"
     )
@@ -271,19 +273,41 @@ def _storm_timing(
     return text, now - last <= settings.window_seconds
 
 
+# Up to this many rejected pods, the cleanup command names them: it deletes exactly the pods
+# counted. Above it, a selector keeps the message bounded and says what else it deletes.
+CLEANUP_NAMES_LIMIT = 20
+
+
 def cleanup_command(group: StormGroup) -> str:
-    """Deletes this group's Failed pods: by the labels every one of them carries, else by name."""
+    """A command deleting this group's rejected pods, and, when it can delete more, what.
+
+    A selector cannot tell a pod the kubelet rejected from one that failed after running (pod
+    field selectors know ``status.phase``, not ``status.reason``), so only a list of names is
+    exact; a selector is used when the names would not fit in a message, and says so.
+    """
+    namespace = shlex.quote(group.namespace)
+    if group.count <= CLEANUP_NAMES_LIMIT:
+        names = " ".join(shlex.quote(p.name) for p in group.pods)
+        return f"kubectl delete pods -n {namespace} {names}"
     common = set(group.pods[0].labels)
     for pod in group.pods[1:]:
         common.intersection_update(pod.labels)
-    namespace = shlex.quote(group.namespace)
-    if common:
-        selector = ",".join(f"{k}={v}" for k, v in sorted(common))
+    failed = "--field-selector=status.phase=Failed"
+    if not common:
         return (
-            f"kubectl delete pods -n {namespace} --field-selector=status.phase=Failed "
-            f"-l {shlex.quote(selector)}"
+            f"kubectl delete pods -n {namespace} {failed} (no label is shared by all "
+            f"{group.count} rejected pods, so this deletes every Failed pod in namespace "
+            f"{group.namespace}, not only these {group.count})"
         )
-    return f"kubectl delete pods -n {namespace} " + " ".join(shlex.quote(p.name) for p in group.pods)
+    selector = ",".join(f"{k}={v}" for k, v in sorted(common))
+    owner = group.owner
+    whose = f"of {owner.kind} {owner.name}" if owner else "without a controller"
+    return (
+        f"kubectl delete pods -n {namespace} {failed} -l {shlex.quote(selector)} (this deletes "
+        f"every Failed pod in namespace {group.namespace} with these labels: every Failed pod "
+        f"{whose}, including any that failed after running, not only the {group.count} the "
+        f"kubelet rejected)"
+    )
 
 
 def _top(counts: Counter[str], limit: int = 5) -> str:

@@ -10,7 +10,7 @@ kubelet's ``MilliValue``/``Value`` do.
 from __future__ import annotations
 
 import re
-from decimal import ROUND_CEILING, Context, Decimal
+from decimal import MAX_EMAX, MIN_EMIN, ROUND_CEILING, Context, Decimal
 from fractions import Fraction
 from functools import lru_cache
 
@@ -43,7 +43,11 @@ _LIMIT = 40
 _HUGE = Fraction(10**_LIMIT)
 _TINY = Fraction(1, 10**_LIMIT)
 # Enough significant digits that rounding up cannot change a value in base units (nano-cpu).
-_DIGITS = Context(prec=2 * _LIMIT + 20, rounding=ROUND_CEILING)
+# The API server takes mantissas of any length, so the exponent range is the widest there is.
+_DIGITS = Context(prec=2 * _LIMIT + 20, rounding=ROUND_CEILING, Emax=MAX_EMAX, Emin=MIN_EMIN)
+# Cache only short strings: a cluster repeats a few hundred of them, and a cached megabyte-long
+# quantity would stay in memory for as long as the cache holds it.
+_CACHED_LENGTH = 64
 
 
 class QuantityError(ValueError):
@@ -64,8 +68,12 @@ def parse_quantity(value: object) -> Fraction:
     raise QuantityError(f"{value!r} is not a quantity")
 
 
-@lru_cache(maxsize=8192)
 def _parse(text: str) -> Fraction:
+    return _parse_cached(text) if len(text) <= _CACHED_LENGTH else _parse_text(text)
+
+
+def _parse_text(text: str) -> Fraction:
+    """Parse in time linear in the length: the API server sets no bound on it."""
     match = _QUANTITY.fullmatch(text)
     if match is None:
         shown = text if len(text) <= 40 else f"{text[:40]}... ({len(text)} characters)"
@@ -78,11 +86,15 @@ def _parse(text: str) -> Fraction:
     return -value if match["sign"] == "-" else value
 
 
+_parse_cached = lru_cache(maxsize=8192)(_parse_text)
+
+
 def _exponent(digits: str) -> int:
-    """The exponent, clamped just past the saturation limit (it may have thousands of digits)."""
+    """The exponent; one of more than 18 digits (it may have thousands) is clamped to 10**18,
+    which outweighs the number of digits of any mantissa that fits in memory."""
     sign = -1 if digits.startswith("-") else 1
     digits = digits.lstrip("+-").lstrip("0") or "0"
-    return sign * (min(int(digits), 4 * _LIMIT) if len(digits) <= 6 else 4 * _LIMIT)
+    return sign * (int(digits) if len(digits) <= 18 else 10**18)
 
 
 def _scaled(number: Decimal, exponent: int) -> Fraction:
@@ -93,7 +105,8 @@ def _scaled(number: Decimal, exponent: int) -> Fraction:
         return _HUGE
     if magnitude < -_LIMIT:
         return _TINY
-    return Fraction(number) * Fraction(10) ** exponent
+    # Shift the rounded number: its Fraction stays small whatever the lengths of the parts.
+    return Fraction(_DIGITS.scaleb(number, exponent))
 
 
 def ceil_int(value: Fraction) -> int:
