@@ -168,6 +168,22 @@ def test_a_device_pod_bound_by_another_identity_is_a_mixed_scheduler_warning(tmp
     )
 
 
+def test_binders_are_not_checked_when_the_device_scheduler_policy_is_off(tmp_path):
+    config = {
+        "policies": {
+            "deviceScheduler": {
+                "mode": "off",
+                "binders": {"nvidia.com/gpu": ["system:serviceaccount:volcano-system:*"]},
+            }
+        }
+    }
+    state = state_with(node("gpu-1", extra={"nvidia.com/gpu": "1"}), gpu_pod("a"))
+    response = answer(
+        client_for(state, tmp_path, config), binding("a", "gpu-1", user="system:kube-scheduler")
+    )
+    assert response["allowed"] is True and "warnings" not in response
+
+
 def test_a_malformed_binding_is_a_400_naming_the_field(tmp_path):
     review = binding("a", "gpu-1")
     del review["request"]["object"]["target"]

@@ -140,3 +140,70 @@ def test_a_pinned_template_is_checked_on_its_node():
         Config(),
     ).violations
     assert violation.reason == "PinnedNodeName" and "SysctlForbidden" in violation.message
+
+
+def test_a_windows_node_allows_only_its_allowed_unsafe_sysctls():
+    windows = cluster(versioned("n1", "v1.35.0", "", os="windows", labels={"pool": "tuned"}))
+    assert reasons(with_sysctls("kernel.shm_rmid_forced"), windows) == ["SysctlForbidden"]
+    assert reasons(with_sysctls("net.core.somaxconn"), windows, config_from_dict(ALLOW_SOMAXCONN)) == []
+
+
+def test_allowed_unsafe_sysctls_may_be_written_with_slashes_as_the_kubelet_normalizes_them():
+    config = config_from_dict(
+        {"policies": {"nodeAdmission": {"allowedUnsafeSysctls": [{"sysctls": ["net/core/somaxconn"]}]}}}
+    )
+    assert (
+        reasons(with_sysctls("net.core.somaxconn"), cluster(versioned("n1", "v1.35.0", "6.1.0")), config)
+        == []
+    )
+
+
+def template_with(*names: str, **spec) -> dict:
+    sysctls = {"sysctls": [{"name": n, "value": "1"} for n in names]}
+    return deployment({"securityContext": sysctls, "containers": [container()], **spec})
+
+
+def test_a_template_ignores_nodes_the_scheduler_would_not_choose():
+    state = cluster(
+        versioned("worker", "v1.35.0", "6.1.0"),
+        versioned("cordoned", "v1.31.0", "6.1.0",
+                  taints=[{"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}]),
+        versioned("control-plane", "v1.31.0", "6.1.0",
+                  taints=[{"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}]),
+    )  # fmt: skip
+    assert evaluate(template_with("net.ipv4.tcp_rmem"), "CREATE", state, Config()).violations == []
+    tolerant = template_with("net.ipv4.tcp_rmem", tolerations=[{"operator": "Exists"}])
+    [violation] = evaluate(tolerant, "CREATE", state, Config()).violations
+    assert "refusing nodes: cordoned, control-plane)" in violation.message
+
+
+def test_a_template_is_refused_where_the_kernel_is_below_the_sysctls_minimum():
+    state = cluster(versioned("new", "v1.35.0", "6.1.0"), versioned("old-kernel", "v1.35.0", "4.14.0"))
+    [violation] = evaluate(template_with("net.ipv4.tcp_rmem"), "CREATE", state, Config()).violations
+    assert violation.reason == "SysctlForbidden" and "refusing nodes: old-kernel)" in violation.message
+
+
+def test_a_template_with_host_network_is_refused_net_sysctls_on_every_node():
+    state = cluster(versioned("a", "v1.35.0", "6.1.0"), versioned("b", "v1.35.0", "6.1.0"))
+    template = template_with("net.ipv4.tcp_syncookies", hostNetwork=True)
+    [violation] = evaluate(template, "CREATE", state, Config()).violations
+    assert (
+        "not allowed with host Net enabled" in violation.message
+        and "refusing nodes: a, b)" in violation.message
+    )
+    assert evaluate(
+        template_with("kernel.shm_rmid_forced", hostIPC=True), "CREATE", state, Config()
+    ).violations
+
+
+def test_a_template_is_admitted_where_its_node_group_allows_the_unsafe_sysctl():
+    state = cluster(versioned("t1", "v1.35.0", "6.1.0", labels={"pool": "tuned"}))
+    config = config_from_dict(ALLOW_SOMAXCONN)
+    assert evaluate(template_with("net.core.somaxconn"), "CREATE", state, config).violations == []
+    assert evaluate(template_with("net.core.somaxconn"), "CREATE", state, Config()).violations
+
+
+def test_an_unbound_pod_is_checked_against_every_node_it_could_be_scheduled_to():
+    state = cluster(versioned("new", "v1.35.0", "6.1.0"), versioned("old", "v1.31.0", "6.1.0"))
+    unbound = pod("p", securityContext={"sysctls": [{"name": "net.ipv4.tcp_wmem", "value": "1"}]})
+    assert reasons(unbound, state) == ["SysctlForbidden"]

@@ -241,8 +241,11 @@ class BindGuard:
 
     def _binders(self, outcome: Outcome, record: PodRecord, user: str, pod_name: str) -> None:
         """A device pod bound by an identity its resource's binders do not include: a warning
-        (a permanent bind denial would make that scheduler retry forever)."""
+        whatever ``deviceScheduler``'s mode but ``off`` (a permanent bind denial would make that
+        scheduler retry forever)."""
         device = self.config.device_scheduler
+        if device.mode == "off":
+            return
         for resource, amount in record.requests.items():
             allowed = device.allowed_binders(resource) if amount else None
             if allowed is not None and not any(fnmatchcase(user, p) for p in allowed):

@@ -15,8 +15,12 @@ REASON = "SysctlForbidden"
 
 
 @lru_cache(maxsize=256)
-def node_allowlist(kubelet_version: str, kernel_version: str, unsafe: tuple[str, ...]) -> Allowlist:
-    return Allowlist.of(safe_sysctls(kubelet_version or None, kernel_version or None), unsafe)
+def node_allowlist(
+    kubelet_version: str, kernel_version: str, unsafe: tuple[str, ...], linux: bool = True
+) -> Allowlist:
+    """``SafeSysctlAllowlist`` is empty off Linux: there only the allowed unsafe ones pass."""
+    safe = safe_sysctls(kubelet_version or None, kernel_version or None) if linux else ()
+    return Allowlist.of(safe, unsafe)
 
 
 def pod_sysctls(spec) -> list[str]:
@@ -32,7 +36,8 @@ def forbidden_sysctl(pod, node, unsafe: tuple[str, ...] = ()) -> Failure | None:
     names = pod_sysctls(pod.spec)
     if not names:
         return None
-    allowlist = node_allowlist(node.kubelet_version, node.kernel_version, unsafe)
+    linux = node.operating_system == "linux"
+    allowlist = node_allowlist(node.kubelet_version, node.kernel_version, unsafe, linux)
     host_network, host_ipc = pod.spec.get("hostNetwork") is True, pod.spec.get("hostIPC") is True
     for name in names:
         problem = allowlist.problem(name, host_network, host_ipc)

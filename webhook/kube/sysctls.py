@@ -87,8 +87,9 @@ class Allowlist:
 
     @classmethod
     def of(cls, safe: Iterable[str], unsafe: Iterable[str]) -> Allowlist:
+        """``NewAllowlist``: patterns are normalized too (``net/core/somaxconn`` is allowed)."""
         names, prefixes = set(safe), []
-        for entry in unsafe:
+        for entry in map(normalize, unsafe):
             if entry.endswith("*"):
                 prefixes.append(entry[:-1])
             else:

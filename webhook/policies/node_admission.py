@@ -12,6 +12,7 @@ from ..checks.placement import candidates
 from ..checks.sysctl import REASON as SYSCTL_FORBIDDEN
 from ..checks.sysctl import forbidden_sysctl, pod_sysctls
 from ..config import NodeAdmissionConfig
+from ..kube.tolerations import untolerated_taint
 from ..state import ClusterState
 from ..state.model import MIRROR_ANNOTATION
 from . import Finding, Review
@@ -19,6 +20,9 @@ from . import Finding, Review
 NAME = "nodeAdmission"
 UNKNOWN_NODE = "UnknownNode"
 STATE_UNAVAILABLE = "ClusterStateUnavailable"
+
+# The scheduler's TaintToleration filter (cordoned nodes carry node.kubernetes.io/unschedulable).
+_SCHEDULER_TAINT_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
 
 
 def check(
@@ -95,16 +99,20 @@ def unschedulable_sysctls(
 
     The scheduler does not know the kubelets' sysctl allowlists: it would send the pod to a
     node whose kubelet then rejects it (``SysctlForbidden``), again and again. Deny when any
-    node the pod's nodeSelector and required node affinity allow would refuse its sysctls.
+    node the scheduler could choose (the pod's nodeSelector and required node affinity allow it,
+    and it has no NoSchedule or NoExecute taint the pod does not tolerate: cordoned and
+    control-plane nodes are out) would refuse its sysctls.
     """
     if state is None or review.operation not in ("CREATE", "UPDATE") or not pod_sysctls(review.shape.spec):
         return []
     if review.old_shape is not None and pod_sysctls(review.old_shape.spec) == pod_sysctls(review.shape.spec):
         return []  # unchanged sysctls: the object stays updatable
+    tolerations = review.shape.spec.get("tolerations")
     refused = [
         (node.name, failure)
         for node in state.nodes.values()
         if node_affinity_mismatch(review.pod, node) is None
+        and untolerated_taint(node.taints, tolerations, _SCHEDULER_TAINT_EFFECTS) is None
         for failure in (forbidden_sysctl(review.pod, node, config.unsafe_sysctls_for(node.labels)),)
         if failure is not None
     ]
