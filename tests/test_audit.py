@@ -1,5 +1,6 @@
 """``admit-guard audit``: the four finding types, grouping storms by their top controller,
-the JSON contract, exit codes, PolicyReports valid against the wg-policy CRD, live reads."""
+the JSON contract, exit codes, PolicyReports valid against the wg-policy CRDs (strict about
+field names), live reads."""
 
 from __future__ import annotations
 
@@ -23,7 +24,11 @@ from webhook.state.apiserver import Page
 from webhook.state.inventory import InventoryBuilder, Progress, live_inventory
 
 ROOT = Path(__file__).resolve().parent.parent
-CRD = ROOT / "tests" / "schemas" / "wgpolicyk8s.io_clusterpolicyreports.v1alpha2.yaml"
+SCHEMAS = ROOT / "tests" / "schemas"
+CRDS = {
+    "ClusterPolicyReport": SCHEMAS / "wgpolicyk8s.io_clusterpolicyreports.v1alpha2.yaml",
+    "PolicyReport": SCHEMAS / "wgpolicyk8s.io_policyreports.v1alpha2.yaml",
+}
 NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC).timestamp()
 
 
@@ -106,24 +111,60 @@ def test_rejected_pods_are_grouped_under_the_deployment_that_owns_their_replica_
     assert finding.node == "edge-1"
 
 
-def test_the_storm_message_gives_the_exact_cleanup_command_from_the_labels_all_pods_share():
+def rejected_group(count, owner=None, labels=lambda i: (("app", "web"),)):
+    pods = [
+        audit.RejectedPod("default", f"p{i}", owner, "OutOfpods", "n", "", labels(i)) for i in range(count)
+    ]
+    return audit.StormGroup("default", owner, pods)
+
+
+def test_a_small_storm_is_cleaned_up_by_name_deleting_exactly_the_pods_counted():
+    assert audit.cleanup_command(rejected_group(2)) == "kubectl delete pods -n default p0 p1"
+    command = audit.cleanup_command(rejected_group(audit.CLEANUP_NAMES_LIMIT))
+    assert "--field-selector" not in command and "-l " not in command
+    assert command.split()[5:] == [f"p{i}" for i in range(audit.CLEANUP_NAMES_LIMIT)]
+
+
+def test_a_large_storm_is_cleaned_up_by_labels_and_phase_and_says_it_deletes_every_failed_pod():
     [finding] = of_type(findings(*storm(25)), audit.STORM)
     assert finding.message.endswith(
         "Clean up: kubectl delete pods -n default --field-selector=status.phase=Failed "
-        "-l app=web,pod-template-hash=abc"
+        "-l app=web,pod-template-hash=abc (it deletes every Failed pod in namespace default with "
+        "these labels, whatever made it fail, not only the 25 the kubelet rejected)"
     )
 
 
-def test_pods_without_shared_labels_are_cleaned_up_by_name():
-    group = audit.StormGroup(
-        "default",
-        None,
-        [
-            audit.RejectedPod("default", f"p{i}", None, "OutOfpods", "n", "", (("i", str(i)),))
-            for i in range(2)
-        ],
+def test_a_large_storm_without_shared_labels_says_the_command_deletes_the_namespaces_failed_pods():
+    command = audit.cleanup_command(rejected_group(30, labels=lambda i: (("i", str(i)),)))
+    assert command.startswith("kubectl delete pods -n default --field-selector=status.phase=Failed (")
+    assert "-l " not in command
+    assert "deletes every Failed pod in namespace default, whatever made it fail" in command
+
+
+def test_the_storm_message_stays_bounded_for_thousands_of_pods():
+    [finding] = of_type(findings(*storm(5000)), audit.STORM)
+    assert len(finding.message) < 1000
+    assert "web-abc-4999" not in finding.message
+
+
+def test_rejected_pods_without_a_controller_are_named_by_their_namespace():
+    objects = [rejected(f"bare-{i}", None, ns="other") for i in range(7)]
+    config = config_from_dict({"policies": {"stormBreaker": {"threshold": 5}}})
+    [finding] = of_type(findings(*objects, config=config), audit.STORM)
+    assert (finding.kind, finding.name, finding.count) == ("Pod", "", 7)
+    assert finding.message.startswith(
+        "7 pods without a controller in namespace other were rejected by the kubelet at admission "
+        "and are still present (Failed)"
     )
-    assert audit.cleanup_command(group) == "kubectl delete pods -n default p0 p1"
+    assert "pods of pods" not in finding.message
+
+
+def test_a_single_rejected_pod_is_told_in_the_singular():
+    config = config_from_dict({"policies": {"stormBreaker": {"threshold": 1}}})
+    [finding] = of_type(findings(*storm(1), config=config), audit.STORM)
+    assert finding.message.startswith(
+        "1 pod of Deployment default/web was rejected by the kubelet at admission and is still present"
+    )
 
 
 def test_below_the_storm_threshold_is_not_a_storm():
@@ -389,11 +430,41 @@ def test_the_bundled_example_cluster_shows_its_mixed_scheduler_gpu_node():
 # -- PolicyReports ------------------------------------------------------------------------
 
 
-def crd_schema():
-    documents = [d for d in yaml.safe_load_all(CRD.read_text()) if d]
-    [version] = documents[0]["spec"]["versions"]
+def crd(kind):
+    [document] = [d for d in yaml.safe_load_all(CRDS[kind].read_text()) if d]
+    assert document["spec"]["names"]["kind"] == kind
+    return document
+
+
+def crd_schema(kind="ClusterPolicyReport"):
+    [version] = crd(kind)["spec"]["versions"]
     assert version["name"] == "v1alpha2"
     return version["schema"]["openAPIV3Schema"]
+
+
+def strict(schema):
+    """A copy that rejects unknown field names: ``additionalProperties: false`` wherever
+    ``properties`` is given and the schema neither sets ``additionalProperties`` nor keeps
+    unknown fields. The API server prunes unknown fields silently, so a misspelled key in a
+    report would be lost on apply without an error; this catches it here."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    if "properties" in schema:
+        out["properties"] = {name: strict(sub) for name, sub in schema["properties"].items()}
+        if "additionalProperties" not in schema and not schema.get("x-kubernetes-preserve-unknown-fields"):
+            out["additionalProperties"] = False
+    for keyword in ("items", "additionalProperties"):
+        if isinstance(schema.get(keyword), dict):
+            out[keyword] = strict(schema[keyword])
+    return out
+
+
+def validate(report):
+    """Against the strict schema of the CRD for the report's kind, with the CRD's scope."""
+    namespaced = crd(report["kind"])["spec"]["scope"] == "Namespaced"
+    assert ("namespace" in report["metadata"]) == namespaced, report["metadata"]
+    jsonschema.validate(report, strict(crd_schema(report["kind"])))
 
 
 def policy_reports(tmp_path):
@@ -417,18 +488,85 @@ def test_policy_reports_are_one_per_namespace_plus_a_cluster_report_for_nodes(tm
     assert default["summary"]["fail"] + default["summary"]["warn"] == 2
 
 
-def test_policy_reports_are_valid_against_the_wg_policy_crd_schema(tmp_path):
-    # PolicyReport and ClusterPolicyReport share one Go type; the CRDs differ only in scope.
-    schema = crd_schema()
-    for report in policy_reports(tmp_path):
-        jsonschema.validate(report, schema)
+def test_each_policy_report_is_valid_against_the_strict_schema_of_its_own_crd(tmp_path):
+    reports = policy_reports(tmp_path)
+    assert {r["kind"] for r in reports} == set(CRDS)
+    for report in reports:
+        validate(report)
+
+
+def test_the_two_crds_define_the_same_fields():
+    """PolicyReport and ClusterPolicyReport share one Go type: a field one CRD knows and the
+    other prunes would be lost from half the reports."""
+
+    def fields(schema, path=""):
+        names = {path}
+        for name, sub in schema.get("properties", {}).items():
+            names |= fields(sub, f"{path}.{name}")
+        if isinstance(schema.get("items"), dict):
+            names |= fields(schema["items"], f"{path}[]")
+        return names
+
+    assert fields(crd_schema("PolicyReport")) == fields(crd_schema("ClusterPolicyReport"))
+
+
+def rename(obj, old, new):
+    obj[new] = obj.pop(old)
+
+
+MISTAKES = {
+    "result field resourcez": lambda r: rename(r["results"][0], "resources", "resourcez"),
+    "top-level field reslts": lambda r: rename(r, "results", "reslts"),
+    "summary count fial": lambda r: rename(r["summary"], "fail", "fial"),
+    "reference field nmae": lambda r: rename(r["results"][0]["resources"][0], "name", "nmae"),
+    "property not a string": lambda r: r["results"][0]["properties"].update(count=25),
+    "summary count a string": lambda r: r["summary"].update(fail="1"),
+    "scored a string": lambda r: r["results"][0].update(scored="true"),
+    "result outside the enum": lambda r: r["results"][0].update(result="failed"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(CRDS))
+@pytest.mark.parametrize("mistake", sorted(MISTAKES))
+def test_the_strict_schema_catches_misspelled_fields_and_wrong_types(tmp_path, kind, mistake):
+    [report] = [r for r in policy_reports(tmp_path) if r["kind"] == kind]
+    validate(report)
+    MISTAKES[mistake](report)
+    with pytest.raises(jsonschema.ValidationError):
+        validate(report)
+
+
+def test_without_strictness_a_misspelled_field_would_pass_and_be_pruned(tmp_path):
+    """Why the test derives a strict schema: the CRD's own schema accepts unknown fields."""
+    [report] = [r for r in policy_reports(tmp_path) if r["kind"] == "PolicyReport"]
+    MISTAKES["result field resourcez"](report)
+    jsonschema.validate(report, crd_schema("PolicyReport"))  # accepted: the server would prune it
 
 
 def test_the_crd_schema_rejects_what_it_does_not_know(tmp_path):
     report = policy_reports(tmp_path)[0]
     report["results"][0]["severity"] = "critical"
     with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate(report, crd_schema())
+        jsonschema.validate(report, crd_schema("ClusterPolicyReport"))
+
+
+def test_a_clean_cluster_prints_an_empty_cluster_policy_report_that_clears_old_results(tmp_path):
+    result = run_audit(
+        "--cluster", write_snapshot(tmp_path, node("n"), pod("p", node_name="n")), "-o", "policyreport"
+    )
+    assert result.exit_code == 0, result.output
+    [report] = list(yaml.safe_load_all(result.stdout))
+    assert (report["kind"], report["metadata"]["name"]) == ("ClusterPolicyReport", audit.REPORT_NAME)
+    assert report["results"] == []
+    assert report["summary"] == {"pass": 0, "fail": 0, "warn": 0, "error": 0, "skip": 0}
+    validate(report)
+
+
+def test_namespace_findings_alone_still_come_with_the_cluster_report():
+    report = audit.Report(of_type(findings(*storm(25)), audit.STORM))
+    cluster, default = audit.policy_reports(report, NOW)
+    assert (cluster["kind"], cluster["results"]) == ("ClusterPolicyReport", [])
+    assert (default["kind"], default["metadata"]["namespace"]) == ("PolicyReport", "default")
 
 
 # -- live reads ---------------------------------------------------------------------------

@@ -296,17 +296,15 @@ def cleanup_command(group: StormGroup) -> str:
     if not common:
         return (
             f"kubectl delete pods -n {namespace} {failed} (no label is shared by all "
-            f"{group.count} rejected pods, so this deletes every Failed pod in namespace "
-            f"{group.namespace}, not only these {group.count})"
+            f"{group.count} rejected pods: it deletes every Failed pod in namespace "
+            f"{group.namespace}, whatever made it fail, not only the {group.count} the kubelet "
+            f"rejected)"
         )
     selector = ",".join(f"{k}={v}" for k, v in sorted(common))
-    owner = group.owner
-    whose = f"of {owner.kind} {owner.name}" if owner else "without a controller"
     return (
-        f"kubectl delete pods -n {namespace} {failed} -l {shlex.quote(selector)} (this deletes "
-        f"every Failed pod in namespace {group.namespace} with these labels: every Failed pod "
-        f"{whose}, including any that failed after running, not only the {group.count} the "
-        f"kubelet rejected)"
+        f"kubectl delete pods -n {namespace} {failed} -l {shlex.quote(selector)} (it deletes "
+        f"every Failed pod in namespace {group.namespace} with these labels, whatever made it "
+        f"fail, not only the {group.count} the kubelet rejected)"
     )
 
 
@@ -501,8 +499,13 @@ SOURCE = "admit-guard"
 
 
 def policy_reports(report: Report, now: float) -> list[dict[str, Any]]:
-    """``wgpolicyk8s.io/v1alpha2``: a PolicyReport per namespace, a ClusterPolicyReport for nodes."""
-    by_namespace: dict[str, list[Finding]] = {}
+    """``wgpolicyk8s.io/v1alpha2``: a PolicyReport per namespace, a ClusterPolicyReport for nodes.
+
+    The ClusterPolicyReport is always there, empty (summary all zero) on a clean cluster, so that
+    applying the output replaces an earlier run's results. An empty PolicyReport cannot be given
+    for every namespace that had findings before: the audit does not know them.
+    """
+    by_namespace: dict[str, list[Finding]] = {"": []}
     for finding in report.findings:
         by_namespace.setdefault(finding.namespace, []).append(finding)
     reports = []
