@@ -7,6 +7,7 @@ import datetime as dt
 import ipaddress
 import stat
 
+import pytest
 from click.testing import CliRunner
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -104,7 +105,8 @@ def test_an_existing_ca_is_not_replaced_without_force(tmp_path):
     assert _certs("--out", str(out)).exit_code == 0
     ca = (out / "ca.crt").read_bytes()
     refused = _certs("--out", str(out))
-    assert refused.exit_code == 2 and "ca.key exists" in refused.stderr and "--renew" in refused.stderr
+    assert refused.exit_code == 2 and "holds a CA (ca.crt ca.key)" in refused.stderr
+    assert "--renew" in refused.stderr
     assert (out / "ca.crt").read_bytes() == ca
     assert _certs("--out", str(out), "--force").exit_code == 0
     assert (out / "ca.crt").read_bytes() != ca
@@ -125,3 +127,22 @@ def test_renew_issues_a_new_serving_certificate_from_the_same_ca(tmp_path):
 def test_renew_without_a_ca_says_how_to_make_one(tmp_path):
     result = _certs("--out", str(tmp_path / "none"), "--renew")
     assert result.exit_code == 2 and "create a CA first" in result.stderr
+
+
+@pytest.mark.parametrize("present", ["ca.crt", "ca.key"])
+def test_either_half_of_a_ca_is_not_replaced_without_force(tmp_path, present):
+    (tmp_path / present).write_bytes(b"kept")
+    refused = _certs("--out", str(tmp_path))
+    assert refused.exit_code == 2 and f"holds a CA ({present})" in refused.stderr
+    assert [p.name for p in tmp_path.iterdir()] == [present]
+    assert (tmp_path / present).read_bytes() == b"kept"
+    assert _certs("--out", str(tmp_path), "--force").exit_code == 0
+
+
+@pytest.mark.parametrize("out", ["/proc/nope", "/dev/null", "/proc/self/ns"])
+@pytest.mark.parametrize("renew", [[], ["--renew"]])
+def test_an_unwritable_out_is_an_error_naming_it(out, renew):
+    result = _certs("--out", out, *renew)
+    assert result.exit_code == 2, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert out in result.stderr and "Traceback" not in result.output

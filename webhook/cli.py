@@ -477,20 +477,26 @@ def certs(service, namespace, out, force, renew) -> None:
 
     if force and renew:
         raise click.UsageError("--force and --renew are exclusive: replace the CA, or keep it")
-    if renew:
-        try:
-            issued = renew_serving(service, namespace, out)
-        except CertificateError as err:
-            raise InputError(f"{err} (create a CA first: admit-guard certs --out {out})") from None
-        written = "tls.crt tls.key (ca.crt kept)"
-    else:
-        if (out / "ca.key").exists() and not force:
-            raise InputError(
-                f"{out}/ca.key exists: replacing the CA invalidates the webhooks' caBundle. "
-                "Use --renew to rotate the serving certificate, or --force to replace the CA."
-            )
-        issued = issue(service, namespace, out)
-        written = "ca.crt ca.key tls.crt tls.key"
+    try:
+        if out.exists() and not out.is_dir():
+            raise InputError(f"{out}: not a directory")
+        if renew:
+            try:
+                issued = renew_serving(service, namespace, out)
+            except CertificateError as err:
+                raise InputError(f"{err} (create a CA first: admit-guard certs --out {out})") from None
+            written = "tls.crt tls.key (ca.crt kept)"
+        else:
+            existing = [name for name in ("ca.crt", "ca.key") if (out / name).exists()]
+            if existing and not force:
+                raise InputError(
+                    f"{out} holds a CA ({' '.join(existing)}): replacing it invalidates the webhooks' "
+                    "caBundle. Use --renew to rotate the serving certificate, or --force to replace the CA."
+                )
+            issued = issue(service, namespace, out)
+            written = "ca.crt ca.key tls.crt tls.key"
+    except OSError as err:
+        raise InputError(f"{out}: cannot write certificates here ({err.strerror or err})") from None
     click.echo(f"wrote {out}/{written} for {', '.join(issued.dns_names)}, 127.0.0.1", err=True)
     click.echo(issued.ca_bundle)
 
