@@ -175,6 +175,20 @@ def test_vap_actions_follow_the_mode():
     assert render(config_from_dict({"policies": {"pinnedNodeName": {"mode": "off"}}})) == []
 
 
+@pytest.mark.parametrize("excluded", [[], ["kube-system"]])
+def test_vap_namespace_selector_has_no_empty_value_list(excluded):
+    config = config_from_dict({"excludedNamespaces": excluded})
+    binding = render(config)[1]
+    expressions = binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"]
+    # The API server rejects In/NotIn with no values.
+    assert all(e["values"] for e in expressions if e["operator"] in ("In", "NotIn"))
+    names = [e["values"] for e in expressions if e["key"] == "kubernetes.io/metadata.name"]
+    assert names == ([excluded] if excluded else [])
+    assert expressions[-1] == {"key": "admit-guard.io/skip", "operator": "NotIn", "values": ["true"]}
+    pinned = {**PINNED_IN, "metadata": {"name": "d", "namespace": "kube-system"}}
+    assert vap_flags(config, pinned, None, "CREATE") is not excluded
+
+
 def cel_allows(policy: dict, obj: dict, old: dict | None, operation: str, namespace: str, user, groups):
     """Evaluate a rendered policy the way the API server does: match conditions, variables,
     then validations."""
@@ -207,9 +221,9 @@ def vap_flags(config: Config, obj: dict, old: dict | None, operation: str, user=
         return False
     policy, binding = rendered
     namespace = obj.get("metadata", {}).get("namespace") or "default"
-    excluded, opt_out = binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"]
+    *excluded, opt_out = binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"]
     assert opt_out == {"key": "admit-guard.io/skip", "operator": "NotIn", "values": ["true"]}
-    if namespace in excluded["values"]:
+    if any(namespace in e["values"] for e in excluded):
         return False
     return not cel_allows(policy, obj, old, operation, namespace, user, list(groups))
 

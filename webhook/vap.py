@@ -125,6 +125,11 @@ def render(config: Config) -> list[dict[str, Any]]:
             ],
         },
     }
+    # The webhooks' opt-out: a label only the namespace's owner can set.
+    expressions = [{"key": OPT_OUT_LABEL, "operator": "NotIn", "values": ["true"]}]
+    if config.excluded_namespaces:  # the API server rejects NotIn with no values
+        names = list(config.excluded_namespaces)
+        expressions.insert(0, {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": names})
     binding = {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingAdmissionPolicyBinding",
@@ -132,19 +137,7 @@ def render(config: Config) -> list[dict[str, Any]]:
         "spec": {
             "policyName": POLICY_NAME,
             "validationActions": ACTIONS[mode],
-            "matchResources": {
-                "namespaceSelector": {
-                    "matchExpressions": [
-                        {
-                            "key": "kubernetes.io/metadata.name",
-                            "operator": "NotIn",
-                            "values": list(config.excluded_namespaces),
-                        },
-                        # The webhooks' opt-out: a label only the namespace's owner can set.
-                        {"key": OPT_OUT_LABEL, "operator": "NotIn", "values": ["true"]},
-                    ]
-                }
-            },
+            "matchResources": {"namespaceSelector": {"matchExpressions": expressions}},
         },
     }
     return [policy, binding]
