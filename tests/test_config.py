@@ -96,3 +96,21 @@ def test_a_duplicate_key_in_the_config_is_an_error(tmp_path):
     path.write_text("failOpen: true\nfailOpen: false\n")
     with pytest.raises(ConfigError, match="duplicate key 'failOpen'"):
         load_config(path)
+
+
+@pytest.mark.parametrize("value", ["off", "'off'", "false", "no"])
+@pytest.mark.parametrize("policy", ["pinnedNodeName", "deviceScheduler", "nodeAdmission", "stormBreaker"])
+def test_a_bare_off_policy_is_the_mode_off(tmp_path, policy, value):
+    path = tmp_path / "guard.yaml"
+    path.write_text(f"policies:\n  {policy}: {value}\n")
+    assert load_config(path).mode(policy) == "off"
+
+
+def test_a_policy_that_is_neither_off_nor_a_mapping_is_an_error_naming_it():
+    policies = {"pinnedNodeName": True, "deviceScheduler": "warn", "nodeAdmission": 0, "stormBreaker": []}
+    message = error_of({"policies": policies})
+    assert "4 problems" in message
+    assert "policies.pinnedNodeName: true (YAML reads a bare on/yes/true as true) is not a policy" in message
+    for shown in ("deviceScheduler: 'warn'", "nodeAdmission: 0", "stormBreaker: []"):
+        assert f"policies.{shown} is not a policy setting" in message
+    assert config_from_dict({"policies": {"pinnedNodeName": None}}) == Config()

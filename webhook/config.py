@@ -167,13 +167,29 @@ def config_from_dict(data: Any, source: str = "config") -> Config:
             _exemption(reader, item, f"exemptions[{i}]")
             for i, item in enumerate(reader.sequence(top.get("exemptions") or [], "exemptions"))
         ),
-        pinned_node_name=_pinned(reader, policies.get("pinnedNodeName") or {}),
-        device_scheduler=_device(reader, policies.get("deviceScheduler") or {}),
-        node_admission=_node(reader, policies.get("nodeAdmission") or {}),
-        storm_breaker=_storm(reader, policies.get("stormBreaker") or {}),
+        pinned_node_name=_pinned(reader, _policy(reader, policies, "pinnedNodeName")),
+        device_scheduler=_device(reader, _policy(reader, policies, "deviceScheduler")),
+        node_admission=_node(reader, _policy(reader, policies, "nodeAdmission")),
+        storm_breaker=_storm(reader, _policy(reader, policies, "stormBreaker")),
     )
     reader.finish()
     return config
+
+
+def _policy(reader: _Reader, policies: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    """A policy's settings. A bare ``off`` (YAML 1.1 reads it as false) means ``{mode: off}``."""
+    data = policies.get(name)
+    if data is None:
+        return {}
+    if data is False or data == "off":
+        return {"mode": "off"}
+    if not isinstance(data, Mapping):
+        shown = "true (YAML reads a bare on/yes/true as true)" if data is True else repr(data)
+        reader.fail(
+            f"policies.{name}", f"{shown} is not a policy setting: write off or a mapping like {{mode: warn}}"
+        )
+        return {}
+    return data
 
 
 def _exemption(reader: _Reader, data: Any, where: str) -> Exemption:
