@@ -98,3 +98,48 @@ def test_an_invalid_test_file_lists_every_problem(tmp_path):
     assert result.exit_code == 2
     for problem in ("cases[0].expect.allowd", "cases[1].operation", "cases[2]: needs object"):
         assert f"{bad}: {problem}" in result.stderr
+
+
+EVERY_PROBLEM = """
+apiVersion: admit-guard.io/v1alpha1
+kind: PolicyTest
+typo: 1
+config: {inline: {failOpen: sometimes}}
+cluster: {nodes: [5]}
+cases:
+  - name: no object
+    expect: {allowed: maybe, reasons: PinnedNodeName}
+  - name: object is a number
+    object: 5
+    operation: PATCH
+    expect: {allowed: true}
+  - name: bad case config
+    object: {kind: Pod}
+    config: {inline: {policies: {pinnedNodeName: {mode: loud}}}}
+    now: yesterday
+    expect: {}
+  - 7
+"""
+
+
+def test_an_invalid_test_file_lists_every_problem_of_every_case(tmp_path):
+    bad = tmp_path / "bad.test.yaml"
+    bad.write_text(EVERY_PROBLEM)
+    result = run(str(bad))
+    assert result.exit_code == 2
+    for problem in (
+        "typo: unknown field",
+        "config: failOpen: must be true or false",
+        "cluster.nodes[0]: must be a mapping",
+        "cases[0]: needs object or objectPath",
+        "cases[0].expect.allowed: must be true or false",
+        "cases[0].expect.reasons: must be a list of strings",
+        "cases[1].object: must be a mapping",
+        "cases[1].operation: must be CREATE or UPDATE",
+        "cases[2].config: policies.pinnedNodeName.mode: 'loud' is not one of",
+        "cases[2].now: 'yesterday' is not an RFC 3339 time",
+        "cases[2].expect: must state at least one expectation",
+        "cases[3]: must be a mapping",
+    ):
+        assert f"{bad}: {problem}" in result.stderr, problem
+    assert isinstance(result.exception, SystemExit)  # no traceback

@@ -104,26 +104,20 @@ def load_test_file(path: str) -> TestFile:
         raise TestFileError(f"{path}: cannot read: {err.strerror}") from None
     except yaml.YAMLError as err:
         raise TestFileError(f"{path}: invalid YAML: {err}") from None
+    if not isinstance(data, Mapping):
+        raise TestFileError(f"{path}: top level: must be a mapping")
     data = where.mapping(data, "", {"apiVersion", "kind", "metadata", "cluster", "config", "cases"})
     if data.get("apiVersion") != API_VERSION or data.get("kind") != KIND:
         where.fail("apiVersion/kind", f"must be {API_VERSION} / {KIND}")
     base = _config_data(where, data.get("config"), "config")
-    try:
-        storm = config_from_dict(base, f"{path}: config").storm_breaker
-    except ConfigError as err:
-        raise TestFileError(str(err)) from None
-    state = _state(where, data.get("cluster"), storm)
-    cases, problems = [], []
-    for i, raw in enumerate(where.sequence(data.get("cases"), "cases")):
-        try:
-            cases.append(_case(where, raw, f"cases[{i}]", base))
-        except TestFileError as err:
-            problems.append(str(err))  # every case's problem, not only the first case's
-    if problems:
-        raise TestFileError("\n".join(problems))
-    if not cases:
+    config = where.config(base, "config")
+    state = _state(where, data.get("cluster"), config.storm_breaker)
+    raw_cases = where.sequence(data.get("cases"), "cases")
+    if data.get("cases") == []:
         where.fail("cases", "must list at least one case")
-    return TestFile(path, cases, state)
+    cases = [_case(where, raw, f"cases[{i}]", base, config) for i, raw in enumerate(raw_cases)]
+    where.finish()  # every problem of the file, in every case, at once
+    return TestFile(path, [c for c in cases if c is not None], state)
 
 
 def run_case(test_file: TestFile, case: Case) -> CaseResult:
@@ -247,11 +241,11 @@ def _config_data(where: _Where, raw: Any, at: str, base: Mapping[str, Any] | Non
     raw = where.mapping(raw or {}, at, {"path", "inline", "override"})
     if "path" in raw and "inline" in raw:
         where.fail(at, "give path or inline, not both")
-    data: dict[str, Any] = dict(base or {})
-    if "path" in raw:
-        config_path = where.relative(raw["path"], f"{at}.path")
+    data: Mapping[str, Any] = dict(base or {})
+    config_path = where.relative(raw["path"], f"{at}.path") if "path" in raw else None
+    if config_path is not None:
         try:
-            data = yaml.safe_load(config_path.read_text()) or {}
+            data = where.mapping(yaml.safe_load(config_path.read_text()) or {}, f"{at}.path")
         except (OSError, yaml.YAMLError) as err:
             where.fail(f"{at}.path", f"cannot read {config_path}: {err}")
     elif "inline" in raw:
@@ -264,50 +258,53 @@ def _state(where: _Where, raw: Any, storm: StormBreakerConfig) -> ClusterState |
     if raw is None:
         return None
     raw = where.mapping(raw, "cluster", {"snapshots", "nodes", "pods"})
-    snapshots = [
-        str(where.relative(p, "cluster.snapshots"))
+    paths = [
+        where.relative(p, "cluster.snapshots")
         for p in where.sequence(raw.get("snapshots", []), "cluster.snapshots")
     ]
+    snapshots = [str(p) for p in paths if p is not None]
+    state = ClusterState(StormBreakers.from_config(storm))
     try:
-        state = (
-            load_snapshot(snapshots, storm) if snapshots else ClusterState(StormBreakers.from_config(storm))
-        )
-        for i, obj in enumerate(where.sequence(raw.get("nodes", []), "cluster.nodes")):
-            state.set_node(node_from(where.mapping(obj, f"cluster.nodes[{i}]")))
-        for i, obj in enumerate(where.sequence(raw.get("pods", []), "cluster.pods")):
-            obj = where.mapping(obj, f"cluster.pods[{i}]")
-            state.storm.observe(obj, None)
-            state.set_pod(object_key(obj), pod_record(obj))
+        state = load_snapshot(snapshots, storm) if snapshots else state
     except SnapshotError as err:
         where.fail("cluster.snapshots", "; ".join(err.problems))
     except FieldError as err:
-        where.fail("cluster", str(err))
+        where.fail("cluster.snapshots", str(err))
+    for kind in ("nodes", "pods"):
+        for i, obj in enumerate(where.sequence(raw.get(kind, []), f"cluster.{kind}")):
+            if not isinstance(obj, Mapping):
+                where.fail(f"cluster.{kind}[{i}]", "must be a mapping")
+                continue
+            try:
+                if kind == "nodes":
+                    state.set_node(node_from(obj))
+                else:
+                    state.storm.observe(obj, None)
+                    state.set_pod(object_key(obj), pod_record(obj))
+            except FieldError as err:
+                where.fail(f"cluster.{kind}[{i}]", str(err))
     return state
 
 
-def _case(where: _Where, raw: Any, at: str, base_config: Mapping[str, Any]) -> Case:
+def _case(where: _Where, raw: Any, at: str, base_data: Mapping[str, Any], base: Config) -> Case | None:
+    """One case; its problems are recorded in ``where`` (a case with any is never run)."""
+    if not isinstance(raw, Mapping):
+        where.fail(at, "must be a mapping")
+        return None
     raw = where.mapping(raw, at, _CASE_KEYS)
     name = raw.get("name")
     if not isinstance(name, str) or not name:
         where.fail(f"{at}.name", "must be a non-empty string")
+        name = ""
     if not isinstance(raw.get("dryRun", False), bool):
         where.fail(f"{at}.dryRun", "must be true or false")  # accepted; verdicts never depend on it
     operation = raw.get("operation", "CREATE")
     if operation not in ("CREATE", "UPDATE"):
         where.fail(f"{at}.operation", "must be CREATE or UPDATE")
-    expect = where.mapping(raw.get("expect"), f"{at}.expect", _EXPECT_KEYS)
-    if not expect:
-        where.fail(f"{at}.expect", "must state at least one expectation")
-    if "patchedPath" in expect:
-        expect = {
-            **expect,
-            "patched": _object(where, {"objectPath": expect["patchedPath"]}, f"{at}.expect", "object"),
-        }
-    config_data = _config_data(where, raw.get("config"), f"{at}.config", base_config)
-    try:
-        config = config_from_dict(config_data, f"{where.path}: {at}.config")
-    except ConfigError as err:
-        raise TestFileError(str(err)) from None
+    expect = _expect(where, raw.get("expect"), f"{at}.expect")
+    config = base
+    if "config" in raw:
+        config = where.config(_config_data(where, raw["config"], f"{at}.config", base_data), f"{at}.config")
     return Case(
         name=name,
         obj=_object(where, raw, at, "object"),
@@ -324,9 +321,27 @@ def _case(where: _Where, raw: Any, at: str, base_config: Mapping[str, Any]) -> C
     )
 
 
+def _expect(where: _Where, raw: Any, at: str) -> Mapping[str, Any]:
+    expect = where.mapping(raw, at, _EXPECT_KEYS)
+    if isinstance(raw, Mapping) and not expect:
+        where.fail(at, "must state at least one expectation")
+    if "allowed" in expect and not isinstance(expect["allowed"], bool):
+        where.fail(f"{at}.allowed", "must be true or false")
+    for key in ("reasons", "messages", "warnings"):
+        value = expect.get(key, [])
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            where.fail(f"{at}.{key}", "must be a list of strings")
+    if "patched" in expect:
+        where.mapping(expect["patched"], f"{at}.patched")
+    if "patchedPath" in expect:
+        expect = {**expect, "patched": _object(where, {"objectPath": expect["patchedPath"]}, at, "object")}
+    return expect
+
+
 def _bind_target(where: _Where, value: Any, at: str) -> str | None:
     if value is not None and (not isinstance(value, str) or not value):
         where.fail(at, "must be a node name")
+        return None
     return value
 
 
@@ -338,6 +353,7 @@ def _moment(where: _Where, value: Any, at: str) -> float:
         moment = datetime.fromisoformat(str(value))
     except ValueError:
         where.fail(at, f"{value!r} is not an RFC 3339 time")
+        return time.time()
     return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
 
 
@@ -347,35 +363,55 @@ def _object(where: _Where, raw: Mapping[str, Any], at: str, key: str) -> dict[st
         return dict(where.mapping(raw[key], f"{at}.{key}"))
     if f"{key}Path" not in raw:
         where.fail(at, f"needs {key} or {key}Path")
+        return {}
     path = where.relative(raw[f"{key}Path"], f"{at}.{key}Path")
+    if path is None:
+        return {}
     try:
         docs = list(documents_in(path.read_text(), str(path)))
     except OSError as err:
         where.fail(f"{at}.{key}Path", f"cannot read {path}: {err.strerror}")
+        return {}
     errors = [d for d in docs if isinstance(d, ManifestError)]
     objects = [d.obj for d in docs if isinstance(d, Document)]
     if errors or len(objects) != 1:
         where.fail(f"{at}.{key}Path", str(errors[0]) if errors else f"{path} must hold exactly one object")
+        return {}
     return objects[0]
 
 
 class _Where:
-    """Field checks that raise ``TestFileError`` naming the file and field."""
+    """Field checks that record a problem naming the file and field, then carry on with a safe
+    value, so one run lists every problem of a file (``finish`` raises them together)."""
 
     def __init__(self, path: str) -> None:
         self.path = path
+        self.problems: list[str] = []
 
-    def fail(self, at: str, message: str):
-        raise TestFileError(f"{self.path}: {at or 'top level'}: {message}")
+    def fail(self, at: str, message: str) -> None:
+        self.problems.append(f"{self.path}: {at or 'top level'}: {message}")
 
-    def relative(self, value: Any, at: str) -> Path:
+    def finish(self) -> None:
+        if self.problems:
+            raise TestFileError("\n".join(self.problems))
+
+    def config(self, data: Mapping[str, Any], at: str) -> Config:
+        try:
+            return config_from_dict(data, f"{self.path}: {at}")
+        except ConfigError as err:
+            self.problems.append(str(err))
+            return Config()
+
+    def relative(self, value: Any, at: str) -> Path | None:
         if not isinstance(value, str):
             self.fail(at, "must be a path")
+            return None
         return Path(self.path).parent / value
 
     def mapping(self, data: Any, at: str, allowed: set[str] | None = None) -> Mapping[str, Any]:
         if not isinstance(data, Mapping):
             self.fail(at, "must be a mapping")
+            return {}
         for key in data if allowed else ():
             if key not in allowed:
                 self.fail(
@@ -387,6 +423,7 @@ class _Where:
     def sequence(self, data: Any, at: str) -> list[Any]:
         if not isinstance(data, list):
             self.fail(at, "must be a list")
+            return []
         return data
 
 
