@@ -8,8 +8,11 @@ closed-loop throughput (32 connections, 10 s: with a few, the accept race betwee
 workers decides the result, 1,700 or 5,000 req/s run to run) and ``h2load`` latency at a fixed 500 req/s
 (8 connections x 62.5 req/s, 10 s, HTTP/1.1 over TLS, per-request times from its log). Both
 are C load generators (Debian packages ``wrk`` and ``nghttp2-client``), so the client does not
-eat the Python server's cores; without them this benchmark says so and stops. Review: a Pod
-with ``nodeName`` on the example cluster.
+eat the Python server's cores; without them it says so and falls back to the Python client of
+``http_bench.py`` (8 keep-alive connections; the client then shares the server's cores, so the
+ratios are rougher). The guard runs as ``admit-guard serve`` itself, with its decision log
+(stderr, to a file here) and its multi-process metrics, as in a cluster. Review: a Pod with
+``nodeName`` on the example cluster.
 Targets: guard throughput >= 0.80x the floor's; p99 at 500 req/s <= 1.5x the floor's; zero errors.
 """
 
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import statistics
@@ -27,6 +31,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 from tests.live_server import LiveServer, _wait_ready, free_port  # noqa: E402
 from webhook.certs import issue  # noqa: E402
@@ -56,20 +61,22 @@ def floor_app():
     return app
 
 
-def serve(kind: str, port: int, cert_dir: str) -> None:
-    """Child process: one of the two servers, with the same gunicorn settings."""
-    from webhook.config import Config
-    from webhook.server import create_app
+def serve_floor(port: int, cert_dir: str) -> None:
+    """Child process: the floor, with the guard's gunicorn settings."""
     from webhook.serving import GuardServer, ServeOptions
-    from webhook.state.snapshot import load_snapshot
-    from webhook.state.source import FixedState
 
-    options = ServeOptions(bind=f"127.0.0.1:{port}", cert_dir=Path(cert_dir), workers=2, threads=4)
+    GuardServer(
+        floor_app, ServeOptions(bind=f"127.0.0.1:{port}", cert_dir=Path(cert_dir), workers=2, threads=4)
+    ).run()
+
+
+def server_command(kind: str, port: int, cert_dir: Path) -> list[str]:
     if kind == "floor":
-        GuardServer(floor_app, options).run()
-    else:
-        state = load_snapshot([str(ROOT / "examples" / "cluster")])
-        GuardServer(lambda: create_app(Config(), FixedState(state)), options).run()
+        return [sys.executable, __file__, "--serve-floor", str(port), str(cert_dir)]
+    return [
+        sys.executable, "-m", "webhook", "serve", "--cluster", str(ROOT / "examples" / "cluster"),
+        "--cert-dir", str(cert_dir), "--bind", f"127.0.0.1:{port}", "--workers", "2", "--threads", "4",
+    ]  # fmt: skip
 
 
 def wrk(url: str, body: Path, work: Path) -> tuple[float, int]:
@@ -101,42 +108,63 @@ def h2load(url: str, body: Path, work: Path) -> tuple[float, int]:
     return times[int(len(times) * 0.99) - 1], failed
 
 
-def run(kind: str, work: Path) -> tuple[float, float, int]:
+def python_client(server: LiveServer, body: Path) -> tuple[float, float, int]:
+    """The fallback: closed-loop throughput, then p99 at 500 req/s, with http_bench's client."""
+    from http_bench import Load, quantile
+
+    review = json.loads(body.read_text())
+    review["request"]["uid"] = "bench-floor"
+    data = json.dumps(review).encode()
+    closed = Load(server, data)
+    rate = closed.closed_loop(SECONDS)
+    fixed = Load(server, data)
+    fixed.open_loop(500, SECONDS)
+    return rate, quantile(fixed.latencies, 0.99), closed.errors + fixed.errors
+
+
+def run(kind: str, work: Path, c_clients: bool) -> tuple[float, float, int]:
     cert_dir = work / "certs"
     port = free_port()
     log = (work / f"{kind}.log").open("wb")
-    command = [sys.executable, __file__, "--serve", kind, str(port), str(cert_dir)]
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+    process = subprocess.Popen(
+        server_command(kind, port, cert_dir), stdout=log, stderr=subprocess.STDOUT, env=env
+    )
     server = LiveServer(port, cert_dir, process, work / f"{kind}.log")
     try:
         _wait_ready(server)
+        if not c_clients:
+            return python_client(server, REVIEW)
         url = f"https://127.0.0.1:{port}/validate"
         rate, wrk_errors = wrk(url, REVIEW, work)
         p99, h2_errors = h2load(url, REVIEW, work)
+        return rate, p99, wrk_errors + h2_errors
     finally:
         process.terminate()
         process.wait(30)
         log.close()
-    return rate, p99, wrk_errors + h2_errors
+        if kind == "guard":
+            lines = sum('"verdict"' in line for line in (work / "guard.log").read_text().splitlines())
+            print(f"guard: {lines} decision lines logged (every request, lost on no shutdown)", flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--serve", nargs=3, metavar=("KIND", "PORT", "CERT_DIR"))
+    parser.add_argument("--serve-floor", nargs=2, metavar=("PORT", "CERT_DIR"))
     args = parser.parse_args()
-    if args.serve:
-        serve(args.serve[0], int(args.serve[1]), args.serve[2])
+    if args.serve_floor:
+        serve_floor(int(args.serve_floor[0]), args.serve_floor[1])
         return
     missing = [tool for tool in ("wrk", "h2load") if shutil.which(tool) is None]
     if missing:
-        tools = ", ".join(missing)
-        sys.exit(f"floor_bench: {tools} not installed (Debian: wrk, nghttp2-client); not measured")
+        print(f"floor_bench: {', '.join(missing)} not installed (Debian: wrk, nghttp2-client): "
+              "measuring with the Python client instead, which shares the server's cores")  # fmt: skip
     results: dict[str, list[tuple[float, float, int]]] = {"floor": [], "guard": []}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         issue("admit-guard", "admit-guard", work / "certs")
         for kind in ("floor", "guard") * 3:
-            results[kind].append(run(kind, work))
+            results[kind].append(run(kind, work, c_clients=not missing))
             rate, p99, errors = results[kind][-1]
             print(f"{kind:6} {rate:8.0f} req/s  p99 {p99:6.2f} ms at 500 req/s  errors {errors}", flush=True)
     rates = {k: statistics.median(r[0] for r in v) for k, v in results.items()}

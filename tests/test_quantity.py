@@ -136,6 +136,19 @@ def test_long_quantities_are_not_kept_in_the_cache():
     assert quantity._parse_cached.cache_info().currsize >= 200  # short ones still are
 
 
+def test_long_request_strings_are_not_kept_by_the_resource_cache_either():
+    from webhook.kube.resources import resource_list
+
+    tracemalloc.start()
+    try:
+        for i in range(1, 101):
+            assert resource_list({"cpu": str(i) + "0" * 100_000}, "requests")["cpu"] > 0
+        retained, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert retained < 2_000_000  # 100 cached 100 kB strings would hold 10 MB
+
+
 @given(st.integers(min_value=0, max_value=2**62))
 def test_integer_yaml_numbers_are_exact(number):
     assert parse_quantity(number) == number

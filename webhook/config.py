@@ -269,7 +269,7 @@ def _reservations(reader: _Reader, data: Any, where: str) -> ReservationsConfig:
 
 
 def _unsafe_sysctls(reader: _Reader, data: Any, where: str) -> UnsafeSysctls:
-    from .kube.sysctls import namespace_of
+    from .kube.sysctls import namespace_of, normalize
 
     data = reader.mapping(data, where, {"nodeSelector", "sysctls"})
     selector = reader.mapping(data.get("nodeSelector") or {}, f"{where}.nodeSelector")
@@ -278,7 +278,7 @@ def _unsafe_sysctls(reader: _Reader, data: Any, where: str) -> UnsafeSysctls:
     sysctls = reader.strings(data.get("sysctls") or [], f"{where}.sysctls")
     for name in sysctls:
         # The kubelet refuses to start with a sysctl that no pod namespace isolates.
-        if namespace_of(name.removesuffix("*")) is None:
+        if namespace_of(normalize(name).removesuffix("*")) is None:
             reader.fail(f"{where}.sysctls", f"{name!r} is not a namespaced sysctl (kubelets refuse it)")
     return UnsafeSysctls(tuple((str(k), str(v)) for k, v in selector.items()), sysctls)
 

@@ -47,7 +47,7 @@ _TINY = Fraction(1, 10**_LIMIT)
 _DIGITS = Context(prec=2 * _LIMIT + 20, rounding=ROUND_CEILING, Emax=MAX_EMAX, Emin=MIN_EMIN)
 # Cache only short strings: a cluster repeats a few hundred of them, and a cached megabyte-long
 # quantity would stay in memory for as long as the cache holds it.
-_CACHED_LENGTH = 64
+CACHED_LENGTH = 64  # longer strings are parsed each time: a cache would keep them alive
 
 
 class QuantityError(ValueError):
@@ -69,7 +69,7 @@ def parse_quantity(value: object) -> Fraction:
 
 
 def _parse(text: str) -> Fraction:
-    return _parse_cached(text) if len(text) <= _CACHED_LENGTH else _parse_text(text)
+    return _parse_cached(text) if len(text) <= CACHED_LENGTH else _parse_text(text)
 
 
 def _parse_text(text: str) -> Fraction:

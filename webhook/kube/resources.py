@@ -13,7 +13,7 @@ from functools import lru_cache
 from typing import Any
 
 from .errors import MAPPING, FieldError
-from .quantity import QuantityError, base_units, parse_quantity
+from .quantity import CACHED_LENGTH, QuantityError, base_units, parse_quantity
 
 ResourceVector = dict[str, int]
 
@@ -59,7 +59,7 @@ def resource_list(values: object, field: str) -> ResourceVector:
     vector: ResourceVector = {}
     for name, raw in values.items():
         try:
-            if type(name) is str and type(raw) is str:
+            if type(name) is str and type(raw) is str and len(raw) <= CACHED_LENGTH:
                 vector[name] = _string_amount(name, raw)
             else:
                 vector[str(name)] = _amount(str(name), raw)
@@ -70,7 +70,8 @@ def resource_list(values: object, field: str) -> ResourceVector:
 
 @lru_cache(maxsize=16384)
 def _string_amount(name: str, raw: str) -> int:
-    """``_amount`` for the common case; a cluster's pods repeat a few hundred distinct quantities."""
+    """``_amount`` for the common case; a cluster's pods repeat a few hundred distinct quantities.
+    Long strings are never cached: the cache would keep them alive (a megabyte each)."""
     return _amount(name, raw)
 
 
