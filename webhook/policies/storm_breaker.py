@@ -44,7 +44,8 @@ def _message(review: Review, breaker: Breaker, now: float) -> str:
         f"{owner.kind} {owner.namespace}/{owner.name} is in an admission storm: kubelets rejected "
         f"{breaker.total} of its pods (reasons {_top(breaker.reasons)}; nodes {_top(breaker.nodes)}). "
         f"Its new pods are refused so the controller backs off; in about {wait:.0f} s one probe pod "
-        f"is admitted, and a pod that runs ends the storm. Fix the cause, then clean up: "
+        f"is admitted, and a pod that runs ends the storm. Fix the cause, then delete its Failed pods "
+        f"(whatever failed them): "
         f"{cleanup_command(review, owner.namespace)}"
     )
 
