@@ -145,7 +145,7 @@ def run(kind: str, work: Path, c_clients: bool) -> tuple[float, float, int]:
         log.close()
         if kind == "guard":
             lines = sum('"verdict"' in line for line in (work / "guard.log").read_text().splitlines())
-            print(f"guard: {lines} decision lines logged (every request, lost on no shutdown)", flush=True)
+            print(f"guard: {lines} decision lines logged", flush=True)
 
 
 def main() -> None:

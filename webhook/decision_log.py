@@ -3,8 +3,10 @@
 A synchronous ``StreamHandler`` writes under the logging lock on every request: profiled under
 load it was a tenth of the workers' CPU, and a slow log pipeline would stall decisions. The
 request thread only appends the line to a queue; one writer thread per process drains the queue
-in batches. ``flush`` (called when a gunicorn worker exits, and at interpreter exit) writes what
-is queued before the process ends, so a graceful shutdown loses no line.
+in batches, lingering a moment after the first line so that a busy worker wakes it and writes
+once per batch, not once per request. ``flush`` (called when a gunicorn worker exits, and at
+interpreter exit) writes what is queued before the process ends, so a graceful shutdown loses
+no line.
 """
 
 from __future__ import annotations
@@ -14,9 +16,11 @@ import logging
 import os
 import queue
 import threading
+import time
 from typing import TextIO
 
 _STOP = object()
+LINGER = 0.02  # seconds the writer waits after a first line for more to join its batch
 
 
 class BackgroundLines(logging.Handler):
@@ -65,8 +69,9 @@ class BackgroundLines(logging.Handler):
             line = self._lines.get()
             if line is _STOP:
                 return
+            time.sleep(LINGER)
             batch = [line]
-            while len(batch) < 512:
+            while len(batch) < 4096:
                 try:
                     line = self._lines.get_nowait()
                 except queue.Empty:

@@ -130,13 +130,16 @@ class LocalTable:
     """Reservations shared by the workers of one replica: a flock'ed file per node.
 
     Threads of one worker queue on a lock of their own first (a timed wait, no polling), so
-    only the other workers' holds are waited out on the file lock.
+    only the other workers' holds are waited out on the file lock. Each worker keeps its files
+    open: the fewer system calls inside the hold, the fewer chances for another thread to take
+    the interpreter for a whole switch interval while the node is locked.
     """
 
     def __init__(self, directory: Path) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
-        self._threads: dict[str, threading.Lock] = {}
+        self._nodes: dict[str, tuple[threading.Lock, list[int]]] = {}
+        self._guard = threading.Lock()
 
     def reserve(
         self, new: Reservation, decide: Decide, keep: Keep, *, write: bool = True, deadline: float
@@ -144,22 +147,34 @@ class LocalTable:
         """Raises ``DeadlineExceeded`` when another thread or worker holds the node's lock past
         the deadline, ``OSError`` when the table cannot be read or written."""
         path = self.directory / f"{new.node}.json"
-        lock = self._threads.get(new.node) or self._threads.setdefault(new.node, threading.Lock())
+        lock, fd = self._node(new.node)
         if not lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
             raise DeadlineExceeded(f"waiting for the lock of {path}")
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            if not fd:
+                fd.append(os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600))
+            _flock(fd[0], deadline, path)
             try:
-                _flock(fd, deadline, path)
-                stored = _entries(_read_all(fd))
+                data = _read_all(fd[0])
+                stored = _entries(data)
                 fits = decide(stored)
                 if fits and write:
-                    _overwrite(fd, orjson.dumps([r.as_json() for r in _after(stored, new, keep)]))
+                    _overwrite(
+                        fd[0], orjson.dumps([r.as_json() for r in _after(stored, new, keep)]), len(data)
+                    )
                 return fits
             finally:
-                os.close(fd)  # releases the file lock
+                fcntl.flock(fd[0], fcntl.LOCK_UN)
         finally:
             lock.release()
+
+    def _node(self, node: str) -> tuple[threading.Lock, list[int]]:
+        """The node's thread lock and open file (empty until first used, under that lock)."""
+        entry = self._nodes.get(node)
+        if entry is None:
+            with self._guard:
+                entry = self._nodes.setdefault(node, (threading.Lock(), []))
+        return entry
 
 
 def _flock(fd: int, deadline: float, path: Path) -> None:
@@ -180,18 +195,20 @@ def _after(stored: list[Reservation], new: Reservation, keep: Keep) -> list[Rese
     return [*(r for r in stored if r.pod != new.pod and keep(r)), new]
 
 
-def _overwrite(fd: int, data: bytes) -> None:
+def _overwrite(fd: int, data: bytes, old_size: int) -> None:
     """Write in place, and cut the file only when it shrinks: truncating to zero and writing
     again frees and allocates its blocks on every decision (a third of the table's time on ext4)."""
     os.pwrite(fd, data, 0)
-    if os.fstat(fd).st_size > len(data):
+    if old_size > len(data):
         os.ftruncate(fd, len(data))
 
 
 def _read_all(fd: int) -> bytes:
-    os.lseek(fd, 0, os.SEEK_SET)
-    chunks = []
-    while chunk := os.read(fd, 65536):
+    data = os.pread(fd, 65536, 0)
+    if len(data) < 65536:
+        return data  # one system call for the usual few entries
+    chunks = [data]
+    while chunk := os.pread(fd, 65536, sum(map(len, chunks))):
         chunks.append(chunk)
     return b"".join(chunks)
 
