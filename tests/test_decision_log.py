@@ -80,3 +80,24 @@ def test_installing_twice_keeps_one_handler():
     logger = _logger("twice", io.StringIO())
     log_lines_in_background(logger, io.StringIO())
     assert sum(isinstance(h, BackgroundLines) for h in logger.handlers) == 1
+
+
+def test_a_worker_exit_writes_the_lines_its_writer_has_not_written_yet(monkeypatch):
+    """The writer lingers before writing: what is queued when gunicorn's worker_exit hook runs
+    is written by the hook, not lost with the process."""
+    from webhook import decision_log, server, serving
+
+    monkeypatch.setattr(decision_log, "LINGER", 30.0)
+    stream = io.StringIO()
+    logger = logging.getLogger(server.DECISION_LOG)
+    saved = logger.handlers[:]
+    logger.handlers.clear()
+    try:
+        log_lines_in_background(logger, stream)
+        for n in range(50):
+            logger.info('{"n": %d}', n)
+        assert stream.getvalue() == ""  # still lingering
+        serving._worker_exit(object())
+        assert len(stream.getvalue().splitlines()) == 50
+    finally:
+        logger.handlers[:] = saved

@@ -16,7 +16,6 @@ import logging
 import os
 import queue
 import threading
-import time
 from typing import TextIO
 
 _STOP = object()
@@ -33,6 +32,7 @@ class BackgroundLines(logging.Handler):
         self._writer: threading.Thread | None = None
         self._pid = 0
         self._start_lock = threading.Lock()
+        self._flushing = threading.Event()  # cuts the writer's linger short
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -49,6 +49,7 @@ class BackgroundLines(logging.Handler):
             writer, self._writer = self._writer, None
         if writer is not None and self._pid == os.getpid():
             self._lines.put(_STOP)
+            self._flushing.set()
             writer.join(timeout=5)
         self._write_pending()
 
@@ -61,6 +62,7 @@ class BackgroundLines(logging.Handler):
                 if self._pid not in (0, os.getpid()):
                     self._lines = queue.SimpleQueue()  # the parent's lines are the parent's to write
                 self._pid = os.getpid()
+                self._flushing = threading.Event()
                 self._writer = threading.Thread(target=self._drain, name="decision-log", daemon=True)
                 self._writer.start()
 
@@ -69,7 +71,7 @@ class BackgroundLines(logging.Handler):
             line = self._lines.get()
             if line is _STOP:
                 return
-            time.sleep(LINGER)
+            self._flushing.wait(LINGER)
             batch = [line]
             while len(batch) < 4096:
                 try:
