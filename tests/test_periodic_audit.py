@@ -46,6 +46,23 @@ def test_the_periodic_audit_publishes_node_findings_and_zeroes_resolved_ones():
     assert metric_sum(text, "admit_guard_audit_last_run_timestamp_seconds", source="snapshot") > 0
 
 
+def test_the_periodic_audit_counts_storms_in_progress_by_namespace_and_zeroes_ended_ones():
+    from webhook.kube.rejection import Owner
+    from webhook.state.rejections import StormBreakers
+
+    state, metrics = ClusterState(StormBreakers(threshold=2, window=60, cooldown=10)), Metrics()
+    owner = Owner("rs-1", "ReplicaSet", "trainer-7d9f", "ml")
+    for n in range(2):
+        state.storm.rejected(owner, f"p{n}", "OutOfcpu", "n1", 100 + n)
+    periodic = PeriodicAudit(FixedState(state), Config(), metrics.audit, 60)
+    periodic.run_once()
+    assert findings_gauge(metrics, type="AdmissionStorm", namespace="ml") == 1
+    state.storm.probe_admitted("rs-1", 120)
+    state.storm.running("rs-1", 121)
+    periodic.run_once()
+    assert findings_gauge(metrics, type="AdmissionStorm", namespace="ml") == 0
+
+
 def test_the_periodic_audit_reads_the_state_one_chunk_of_nodes_at_a_time(monkeypatch):
     monkeypatch.setattr("webhook.periodic_audit.NODES_PER_CHUNK", 2)
     state = ClusterState()

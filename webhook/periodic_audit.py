@@ -1,9 +1,11 @@
 """The audit inside the server (``serve --audit-interval``): from the live state, no extra reads.
 
-The server's state holds nodes and active pods, nothing more: no workloads, no Failed pods.
-So the periodic audit computes the node findings, ``MixedDeviceScheduler`` (pods of more than
-one scheduler holding a device; pods whose controller pinned nodeName cannot be told apart
-without the workloads) and ``Overcommitted``. ``admit-guard audit`` reports all four types.
+The server's state holds nodes, active pods and the storm breakers' per-owner rejection
+records, nothing more: no workloads, no Failed pods. So the periodic audit computes the node
+findings, ``MixedDeviceScheduler`` (pods of more than one scheduler holding a device; pods whose
+controller pinned nodeName cannot be told apart without the workloads) and ``Overcommitted``,
+and counts storms in progress (``AdmissionStorm``: owners whose breaker is open, by namespace).
+``admit-guard audit`` reports all four types, old storms and pinned workloads included.
 
 Reviews read the same state under the same lock, so the audit takes it one chunk of nodes at a
 time: an admission review never waits for more than one chunk.
@@ -16,7 +18,7 @@ import threading
 import time
 from collections import Counter
 
-from .audit import MIXED, OVERCOMMITTED, Finding, node_findings
+from .audit import MIXED, OVERCOMMITTED, STORM, Finding, node_findings
 from .config import Config
 from .metrics import AuditGauges
 from .state.source import StateSource
@@ -69,6 +71,7 @@ class PeriodicAudit:
             if view.state is None:
                 return None
             names = list(view.state.nodes)
+            storm = view.state.storm
         findings: list[Finding] = []
         for start in range(0, len(names), NODES_PER_CHUNK):
             with self.source.reading() as view:
@@ -77,5 +80,7 @@ class PeriodicAudit:
                 findings += node_findings(view.state, self.config, names[start : start + NODES_PER_CHUNK])
         counts = {(MIXED, ""): 0, (OVERCOMMITTED, ""): 0}
         counts.update(Counter((f.type, f.namespace) for f in findings))
+        if storm is not None:
+            counts.update(Counter((STORM, b.owner.namespace) for b in storm.open_breakers()))
         self.gauges.publish(counts, self.source_name, time.time(), time.perf_counter() - started)
         return findings
