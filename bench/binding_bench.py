@@ -164,7 +164,8 @@ def main() -> None:
                 work, "--kubeconfig", kubeconfig, "--config", str(work / "config.yaml")
             ) as server:
                 time.sleep(2.0)  # both workers listed the pods
-                print(f"{NODES} nodes, {2 * count} pending pods; {RATE} binds/s for {SECONDS:.0f} s")
+                print(f"{NODES} nodes, {2 * count} pending pods; {RATE} binds/s for {SECONDS:.0f} s "
+                      "(targets: p99 < 5 ms without coordination, < 15 ms with it)")  # fmt: skip
                 print(_report("without coordination (cpu)", *run(server, "cpu")), flush=True)
                 gpu = run(server, "gpu")
         fake.stdin.write("\n")

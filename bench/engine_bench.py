@@ -181,13 +181,13 @@ def main() -> None:
     print(f"state: {args.nodes} nodes, {len(state.pods)} active pods")
     print(
         f"decision, Pod with nodeName:  p50 {percentile(pod_samples, 0.5):7.1f} us   "
-        f"p99 {percentile(pod_samples, 0.99):7.1f} us   (n={len(pod_samples)})"
+        f"p99 {percentile(pod_samples, 0.99):7.1f} us   (n={len(pod_samples)}; target p99 < 200 us)"
     )
     print(
         f"decision, Deployment review:  p50 {percentile(deploy_samples, 0.5):7.1f} us   "
         f"p99 {percentile(deploy_samples, 0.99):7.1f} us   (n={len(deploy_samples)})"
     )
-    print(f"state memory per pod record:  {per_pod:7.0f} bytes (tracemalloc, retained)")
+    print(f"state memory per pod record:  {per_pod:7.0f} bytes (tracemalloc, retained; target < 1 KiB)")
     print(f"snapshot load ({size_mb:.0f} MiB JSON): {load_seconds:5.2f} s")
     print(f"process peak RSS: {peak_rss:.0f} MiB")
 

@@ -149,7 +149,7 @@ def main() -> None:
         ) as server:
             print(
                 f"server ready in {time.perf_counter() - started:.1f} s "
-                f"({args.nodes} nodes, {args.pods} pods)"
+                f"({args.nodes} nodes, {args.pods} pods); target: p99 < 5 ms at 500 req/s, zero errors"
             )
             for name, body in workloads(args.nodes).items():
                 Load(server, body).open_loop(200, 2)  # warm up both workers
