@@ -230,7 +230,23 @@ def test_readiness_returns_once_the_stale_state_hears_from_the_api_server_again(
         assert informer.wait_synced(10)
         assert eventually(lambda: not informer.readiness().ready)
         cluster.put("pods", pod("late", node_name="n0", requests={"cpu": "100m"}))
+        cluster.put("nodes", node("n0", cpu="4", pods="10"))
         assert eventually(lambda: informer.readiness().ready, timeout=5)
+    finally:
+        informer.stop()
+
+
+def test_a_silent_node_watch_is_stale_even_while_pod_events_arrive(server, cluster, tmp_path):
+    cluster.bookmark_every = 60.0
+    api = ApiServer.connect(kubeconfig=server.kubeconfig(tmp_path / "kubeconfig"))
+    informer = Informer(api, Timing(page_size=2, max_age=0.5)).start()
+    try:
+        assert informer.wait_synced(10)
+        for n in range(8):  # pod events keep coming; nothing about nodes
+            cluster.put("pods", pod(f"busy-{n}", node_name="n0", requests={"cpu": "10m"}))
+            time.sleep(0.1)
+        readiness = informer.readiness()
+        assert not readiness.ready and "nothing heard of nodes" in readiness.reason
     finally:
         informer.stop()
 

@@ -95,7 +95,9 @@ class Informer:
         self.events = 0
         self.skipped = 0  # objects whose fields could not be read (logged, left out)
         self._synced: set[str] = set()
-        self._heard = 0.0  # monotonic time of the last list page, event or bookmark
+        # Per kind, the monotonic time of its last list page, event or bookmark: a dead node
+        # watch must not hide behind a busy pod watch.
+        self._heard: dict[str, float] = {}
         self._heard_wall: float | None = None
         self._stop = threading.Event()
         self._responses: dict[str, Any] = {}
@@ -162,9 +164,14 @@ class Informer:
         if not self.synced:
             missing = sorted({"nodes", "pods"} - self._synced)
             return f"the guard has not finished listing {' and '.join(missing)} from the API server"
-        age = time.monotonic() - self._heard
+        now = time.monotonic()
+        stalest, heard = min(self._heard.items(), key=lambda item: item[1])
+        age = now - heard
         if age > self.timing.max_age:
-            return f"the guard's cluster state is {age:.0f} s old (limit {self.timing.max_age:.0f} s)"
+            return (
+                f"the guard's cluster state is {age:.0f} s old: nothing heard of {stalest} "
+                f"(limit {self.timing.max_age:.0f} s)"
+            )
         return None
 
     # -- list and watch -------------------------------------------------------------------
@@ -209,7 +216,7 @@ class Informer:
                 for key, value in built:
                     seen.add(key)
                     self._set(kind, key, value)
-            self._touch()
+            self._touch(kind)
             resource_version = resource_version or page.resource_version
             token = page.continue_token
             if not token:
@@ -260,7 +267,7 @@ class Informer:
         elif kind_of_event != "BOOKMARK":
             raise ValueError(f"unknown watch event type {kind_of_event!r}")
         self.events += kind_of_event != "BOOKMARK"
-        self._touch()
+        self._touch(kind)
         return str(resource_version) if resource_version else None
 
     def _build(self, kind: _Kind, obj: dict[str, Any]):
@@ -278,8 +285,8 @@ class Informer:
         else:
             kind.store(key, value)
 
-    def _touch(self) -> None:
-        self._heard = time.monotonic()
+    def _touch(self, kind: _Kind) -> None:
+        self._heard[kind.name] = time.monotonic()
         self._heard_wall = time.time()
 
 
