@@ -106,10 +106,11 @@ def _deep(levels: int) -> str:
     return '{"a":' * levels + "1" + "}" * levels
 
 
+@pytest.mark.parametrize("field", ["extra", "affinity", "tolerations", "securityContext"])
 @pytest.mark.parametrize("endpoint", ["validate", "mutate"])
-def test_a_deeply_nested_object_is_a_field_error_without_a_traceback(endpoint, caplog):
+def test_a_deeply_nested_object_is_a_field_error_without_a_traceback(endpoint, field, caplog):
     review = pinned_deployment()
-    _template(review)["extra"] = "DEEP"
+    _template(review)[field] = "DEEP"  # a field no check reads (only the patch copies it), and ones they do
     body = json.dumps(review).replace('"DEEP"', _deep(1000))
     with caplog.at_level(logging.WARNING):
         reply = make_client(FIX).post(f"/{endpoint}", data=body, content_type="application/json")
