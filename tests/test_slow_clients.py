@@ -7,7 +7,10 @@ server with few threads and require a normal client to be served meanwhile.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
+import selectors
 import socket
 import ssl
 import threading
@@ -80,6 +83,118 @@ def test_a_chunked_body_is_too_large_as_soon_as_it_passes_the_limit():
 )  # fmt: skip
 def test_malformed_framing_is_refused(data):
     assert RequestFraming(max_body=1 << 20).progress(bytearray(data)) == MALFORMED
+
+
+@pytest.mark.parametrize("size", [b"-2", b"0x10", b"1_0", b" 10", b"+a", b"10 ", b"1" * 17, b""])
+def test_a_chunk_size_is_plain_hex(size):
+    value = int(size or b"0", 16)  # what int() makes of it: the chunk is sent to match
+    chunk = b"x" * value + b"\r\n" if 0 < value < 100 else b""
+    data = bytearray(_head("Transfer-Encoding: chunked\r\n") + size + b"\r\n" + chunk + b"0\r\n\r\n")
+    assert RequestFraming(max_body=1 << 20).progress(data) == MALFORMED
+
+
+def test_negative_chunk_sizes_cannot_hide_a_body_over_the_limit():
+    data = bytearray(_head("Transfer-Encoding: chunked\r\n") + b"-2\r\n" * 2000)
+    data += b"%x\r\n%s\r\n0\r\n\r\n" % (4000, b"x" * 4000)
+    assert RequestFraming(max_body=1000).progress(data) != COMPLETE
+
+
+def test_chunk_extensions_are_accepted():
+    data = bytearray(_head("Transfer-Encoding: chunked\r\n") + b"2;name=value\r\n{}\r\n0 ; last\r\n\r\n")
+    framing = RequestFraming(max_body=1 << 20)
+    assert framing.progress(data) == COMPLETE and framing.end == len(data)
+
+
+@pytest.mark.parametrize(
+    "tail",
+    [b"0\r\nX-Trailer: " + b"a" * 9000,  # still arriving
+     b"0\r\nX-Trailer: " + b"a" * 9000 + b"\r\n\r\n",  # arrived at once
+     b"1;" + b"e" * 2000 + b"\r\nx\r\n"],  # a chunk-size line with a long extension
+)  # fmt: skip
+def test_trailers_and_chunk_size_lines_are_capped(tail):
+    data = bytearray(_head("Transfer-Encoding: chunked\r\n") + b"2\r\n{}\r\n" + tail)
+    assert RequestFraming(max_body=1 << 20).progress(data) == MALFORMED
+
+
+def test_chunk_extensions_cannot_make_a_body_buffer_more_than_twice_the_limit():
+    data = bytearray(_head("Transfer-Encoding: chunked\r\n") + (b"1;" + b"e" * 500 + b"\r\nx\r\n") * 5)
+    assert RequestFraming(max_body=1000).progress(data) == TOO_LARGE
+
+
+class _CountingBuffer(bytearray):
+    """A request buffer that counts the bytes ``find`` looks at."""
+
+    scanned = 0
+
+    def find(self, sub, start=0, *args):
+        self.scanned += len(self) - start
+        return super().find(sub, start, *args)
+
+
+def test_a_trickled_request_is_scanned_once_not_on_every_read():
+    request = (
+        _head("Transfer-Encoding: chunked\r\n" + "X-Pad: p\r\n" * 300)
+        + b"2\r\n{}\r\n0\r\n" + b"X-Trailer: t\r\n" * 400 + b"\r\n"
+    )  # fmt: skip
+    framing, data = RequestFraming(max_body=1 << 20), _CountingBuffer()
+    for byte in request[:-1]:
+        data.append(byte)
+        assert framing.progress(data) == INCOMPLETE
+    data.append(request[-1])
+    assert framing.progress(data) == COMPLETE
+    assert data.scanned < 5 * len(request)  # every byte once, give or take the terminators
+
+
+class _Firehose:
+    """A client socket with always another tiny TLS record to read, until ``pause``."""
+
+    def __init__(self, fd: int, pause: int = 100_000):
+        self.fd, self.pause, self.reads, self.sent = fd, pause, 0, b""
+
+    def fileno(self):
+        return self.fd
+
+    def setblocking(self, flag):
+        pass
+
+    def recv(self, size):
+        self.reads += 1
+        if self.reads > self.pause:
+            raise BlockingIOError  # the client pauses at last
+        return b"X-T: t\r\n"
+
+    def send(self, data):
+        self.sent += bytes(data)
+        return len(data)
+
+
+def test_a_client_that_always_has_more_gets_a_turn_not_the_loop():
+    from webhook.worker import GuardWorker
+
+    class Conn:
+        def __init__(self, sock):
+            self.sock = sock
+
+        def close(self):
+            pass
+
+    worker = GuardWorker.__new__(GuardWorker)
+    worker.poller, worker.pending_requests, worker.nr_conns = selectors.DefaultSelector(), {}, 1
+    worker.request_timeout, worker.max_body = 3.0, 1 << 20
+    left, right = socket.socketpair()
+    with left, right:
+        client = _Firehose(left.fileno())
+        conn = Conn(client)
+        worker._start(
+            conn, handshake=False, data=_head("Transfer-Encoding: chunked\r\n") + b"2\r\n{}\r\n0\r\n"
+        )
+        assert client.reads <= 64  # back to the poller, which calls again while the socket is readable
+        for _ in range(100):  # the trailers pass their cap: 400, then what follows is drained
+            reads = client.reads
+            worker._advance(worker.pending_requests[conn])
+            assert client.reads - reads <= 2 * 64  # the turn that ends in the 400 starts the drain too
+        assert client.sent.startswith(b"HTTP/1.1 400 ")
+        worker.poller.close()
 
 
 # -- against a real server ------------------------------------------------------------------
@@ -188,6 +303,84 @@ def test_a_chunked_body_over_the_limit_is_answered_413(server):
     conn.close()
 
 
+def test_trailers_over_the_cap_are_answered_400_at_once(server):
+    conn = _raw_tls(server)
+    conn.sendall(_head("Transfer-Encoding: chunked\r\n") + b"2\r\n{}\r\n0\r\n" + b"X-Trailer: t\r\n" * 1000)
+    status, _ = _answer(conn)
+    assert status == 400  # not 408 at the deadline: the loop stopped buffering at the cap
+    conn.close()
+
+
+def _statuses(conn: ssl.SSLSocket, count: int) -> list[int]:
+    data = b""
+    while data.count(b"HTTP/1.1 ") < count or not data.endswith(b"}"):
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return [int(code) for code in re.findall(rb"HTTP/1\.1 (\d{3}) ", data)]
+
+
+@pytest.mark.parametrize(
+    "second, status",
+    [(_head(f"Content-Length: {4 * 1024 * 1024}\r\n"), 413),
+     (_head("Content-Length: 1000\r\n") + b"{", 408),
+     (_head("Transfer-Encoding: chunked\r\n") + b"-2\r\n", 400)],
+)  # fmt: skip
+def test_a_pipelined_request_is_held_to_the_rules_of_the_first(server, second, status):
+    conn = _raw_tls(server)
+    conn.sendall(_head(f"Content-Length: {len(REVIEW)}\r\n") + REVIEW + second)
+    assert _statuses(conn, 2) == [200, status]
+    conn.close()
+
+
+def _pipeline_and_never_read(server, count: int) -> ssl.SSLSocket:
+    raw = socket.socket()
+    # A small window and segment size keep the server's send buffer small (on loopback it grows
+    # to megabytes): its replies back up after a few dozen, not thousands.
+    raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG, 536)
+    raw.settimeout(2)
+    raw.connect(("127.0.0.1", server.port))
+    conn = server.tls_context().wrap_socket(raw, server_hostname="localhost")
+    with contextlib.suppress(OSError):
+        conn.sendall(b"GET /metrics HTTP/1.1\r\nHost: guard\r\n\r\n" * count)
+    return conn
+
+
+def test_clients_that_pipeline_and_never_read_do_not_hold_the_threads(server):
+    hogs = [_pipeline_and_never_read(server, 3000) for _ in range(2)]  # as many as the threads
+    try:
+        time.sleep(1.0)  # their replies have filled the socket buffers
+        conn = server.connect()
+        conn.timeout = 2.0  # below the 3 s deadline the hogs' replies are held to
+        for _ in range(5):
+            status, _ = post_json(conn, "/validate", REVIEW)
+            assert status == 200
+        conn.close()
+    finally:
+        for hog in hogs:
+            hog.close()
+
+
+def test_a_slow_reader_still_gets_every_reply_whole(server):
+    conn = _pipeline_and_never_read(server, 200)
+    time.sleep(0.5)  # the replies back up: the loop holds the rest of one, the others wait
+    conn.settimeout(5)
+    data, replies = b"", 0
+    while replies < 200:
+        head_end = data.find(b"\r\n\r\n")
+        length = re.search(rb"Content-Length: (\d+)", data[:head_end]) if head_end >= 0 else None
+        if length and len(data) >= head_end + 4 + int(length[1]):
+            assert data.startswith(b"HTTP/1.1 200 ") and b"# TYPE" in data[head_end : head_end + 200]
+            data, replies = data[head_end + 4 + int(length[1]) :], replies + 1
+            continue
+        chunk = conn.recv(4096)
+        assert chunk, f"closed after {replies} replies"
+        data += chunk
+    conn.close()
+
+
 def test_the_server_still_answers_after_the_hostile_connections(server):
     conn = server.connect()
     status, _ = post_json(conn, "/validate", REVIEW)
@@ -195,23 +388,49 @@ def test_the_server_still_answers_after_the_hostile_connections(server):
     conn.close()
 
 
+class _SmallSocket:
+    """A non-blocking socket stand-in that takes ``room`` bytes, then would block."""
+
+    def __init__(self, room: int = 1 << 20):
+        self.room, self.sent, self.timeout = room, [], 5.0
+
+    def send(self, data):
+        if not self.room:
+            raise ssl.SSLWantWriteError()
+        taken = bytes(data[: self.room])
+        self.room -= len(taken)
+        self.sent.append(taken)
+        return len(taken)
+
+    def gettimeout(self):
+        return self.timeout
+
+    def setblocking(self, flag):
+        self.timeout = None if flag else 0.0
+
+    def settimeout(self, timeout):
+        self.timeout = timeout
+
+
 def test_headers_and_body_leave_in_one_write():
-    from webhook.worker import OneWrite
+    from webhook.worker import Reply
 
-    class Recorder:
-        def __init__(self):
-            self.sent = []
-
-        def sendall(self, data):
-            self.sent.append(bytes(data))
-
-    sock = Recorder()
-    out = OneWrite(sock)
+    sock = _SmallSocket()
+    out = Reply(sock)
     out.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n")
-    assert sock.sent == []
     out.sendall(b"{}")
-    out.flush()
-    assert sock.sent == [b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"]
-    out.sendall(b"HTTP/1.1 204 No Content\r\n\r\n")
-    out.flush()  # a response without a body still leaves
-    assert sock.sent[-1] == b"HTTP/1.1 204 No Content\r\n\r\n"
+    assert sock.sent == []
+    out.send_now()
+    assert sock.sent == [b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"] and not out.rest
+    assert sock.timeout == 5.0  # as the thread had it
+
+
+def test_what_a_slow_reader_does_not_take_is_left_for_the_loop_not_waited_for():
+    from webhook.worker import Reply
+
+    sock = _SmallSocket(room=10)
+    out = Reply(sock)
+    out.sendall(b"HTTP/1.1 200 OK\r\n\r\n" + b"x" * 100)
+    out.send_now()  # returns at once
+    assert b"".join(sock.sent) + bytes(out.rest) == b"HTTP/1.1 200 OK\r\n\r\n" + b"x" * 100
+    assert len(out.rest) == 19 + 100 - 10

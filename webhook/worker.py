@@ -6,18 +6,23 @@ holds that thread for as long as it likes: a dozen such connections stalled ever
 worker. ``GuardWorker`` keeps the handshake and the reading of the request (headers and body) in
 the worker's event loop, on non-blocking sockets, under one deadline per request
 (``--request-timeout``). Only a complete request reaches a thread, with its bytes already
-buffered, so a thread never waits on a client. Requests over the body limit are answered 413
+buffered, so a thread never reads from a client. Requests over the body limit are answered 413
 from the loop (chunked ones too, as soon as they pass it); requests that miss the deadline are
-answered 408 and closed. Flask and the app are unchanged.
+answered 408 and closed; framing the loop cannot trust (a chunk size that is not plain hex, a
+chunk-size line or trailer section over its cap) is answered 400. Pipelined and keep-alive
+requests go through the loop the same way. A thread never waits to write either: what a slow
+reader does not take at once is sent from the loop (``Reply``). Flask and the app are unchanged.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import re
 import selectors
 import ssl
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -27,10 +32,20 @@ from gunicorn.workers.gthread import TConn, ThreadWorker
 DEFAULT_REQUEST_TIMEOUT = 10.0
 DEFAULT_MAX_BODY = 3 * 1024 * 1024
 MAX_HEAD = 64 * 1024  # request line and headers; gunicorn's own limits are below this
+MAX_CHUNK_LINE = 1024  # a chunk-size line with its extensions
+MAX_TRAILERS = 8 * 1024  # the trailer section after the last chunk: header lines, capped like them
+# A chunk size is hex digits, nothing else (no sign, prefix, underscore or space: ``int(x, 16)``
+# takes all of those, and a negative size would lower the body count under the limit), at most
+# 16 of them; extensions may follow after ";".
+_CHUNK_SIZE = re.compile(rb"([0-9A-Fa-f]{1,16})(?:[ \t]*;.*)?", re.DOTALL)
 # After a 413 the rest of the body is read and dropped (up to this much), or the client, still
 # sending, would meet a reset instead of the answer.
 DRAIN_LIMIT = 16 * 1024 * 1024
 _READ_SIZE = 256 * 1024
+# Reads for one connection before the loop turns to the others (it comes back: the socket is
+# still readable). A read costs the same for one byte as for a full TLS record, and a client
+# sending tiny records as fast as the loop reads them would otherwise never let it go.
+_READS_PER_TURN = 64
 
 INCOMPLETE, COMPLETE, TOO_LARGE, MALFORMED = "incomplete", "complete", "too large", "malformed"
 
@@ -40,30 +55,47 @@ class RequestFraming:
     """How far a buffered HTTP/1.1 request has arrived; resumable as more bytes come in.
 
     Only the framing is read (where the head ends, Content-Length or chunk sizes): gunicorn
-    parses the request itself once it is whole.
+    parses the request itself once it is whole. Each piece (the head, a chunk-size line, the
+    trailer section) has a cap that holds however its bytes arrive, and the search for its end
+    resumes where the last one stopped: a client that trickles bytes makes the loop look at each
+    byte once, not rescan everything it has sent on every read.
     """
 
     max_body: int
     head_end: int = -1
     length: int | None = None  # Content-Length
     chunked: bool = False
-    scan: int = 0  # chunked: where the next chunk-size line starts
+    scan: int = 0  # where the piece being read starts
+    searched: int = 0  # how far the search for that piece's end got
     body: int = 0  # chunked: bytes of body seen so far
+    last_chunk: bool = False  # chunked: only the trailer section is left
     end: int = -1  # where the request ends, once known
 
     def progress(self, data: bytearray) -> str:
         if self.head_end < 0:
-            at = data.find(b"\r\n\r\n")
+            at = self._find(data, b"\r\n\r\n")
+            if self._over(data, at, MAX_HEAD):
+                return MALFORMED
             if at < 0:
-                return MALFORMED if len(data) > MAX_HEAD else INCOMPLETE
+                return INCOMPLETE
             verdict = self._read_head(bytes(data[:at]))
-            self.head_end = self.scan = at + 4
+            self.head_end = self.scan = self.searched = at + 4
             if verdict is not None:
                 return verdict
         if self.chunked:
             return self._chunks(data)
         self.end = self.head_end + (self.length or 0)
         return COMPLETE if len(data) >= self.end else INCOMPLETE
+
+    def _find(self, data: bytearray, terminator: bytes) -> int:
+        """Where ``terminator`` first occurs from ``scan`` on, searching only bytes not searched yet."""
+        at = data.find(terminator, max(self.scan, self.searched - len(terminator) + 1))
+        self.searched = len(data) if at < 0 else at
+        return at
+
+    def _over(self, data: bytearray, at: int, limit: int) -> bool:
+        """Whether the piece from ``scan`` to ``at`` (or to what has arrived so far) exceeds ``limit``."""
+        return (at if at >= 0 else len(data)) - self.scan > limit
 
     def _read_head(self, head: bytes) -> str | None:
         for line in head.split(b"\r\n")[1:]:
@@ -83,62 +115,85 @@ class RequestFraming:
         return None
 
     def _chunks(self, data: bytearray) -> str:
-        while True:
-            line_end = data.find(b"\r\n", self.scan)
-            if line_end < 0:
-                return MALFORMED if len(data) - self.scan > 1024 else INCOMPLETE
-            size_text = bytes(data[self.scan : line_end]).split(b";", 1)[0].strip()
-            try:
-                size = int(size_text, 16)
-            except ValueError:
+        while not self.last_chunk:
+            line_end = self._find(data, b"\r\n")
+            if self._over(data, line_end, MAX_CHUNK_LINE):
                 return MALFORMED
+            if line_end < 0:
+                return INCOMPLETE
+            size = _CHUNK_SIZE.fullmatch(data, self.scan, line_end)
+            if size is None:
+                return MALFORMED
+            size = int(size[1], 16)
             if size == 0:
-                trailer_end = data.find(b"\r\n\r\n", line_end)
-                if data[line_end + 2 : line_end + 4] == b"\r\n":
-                    self.end = line_end + 4
-                elif trailer_end >= 0:
-                    self.end = trailer_end + 4
-                else:
-                    return INCOMPLETE
-                return COMPLETE
-            self.body += size
-            if self.body > self.max_body:
+                self.last_chunk = True
+                self.scan = self.searched = line_end  # the trailers end at the first CRLFCRLF from here
+                break
+            if self.body + size > self.max_body:
                 return TOO_LARGE
             chunk_end = line_end + 2 + size + 2
+            # Extensions are not body, but the loop buffers them: 1-byte chunks with 1 KiB of
+            # extensions each would make it hold a thousand times the limit.
+            if chunk_end - self.head_end > 2 * self.max_body:
+                return TOO_LARGE
             if len(data) < chunk_end:
-                self.body -= size  # counted again when the whole chunk is here
                 return INCOMPLETE
-            self.scan = chunk_end
+            self.body += size
+            self.scan = self.searched = chunk_end
+        at = self._find(data, b"\r\n\r\n")
+        if self._over(data, at, MAX_TRAILERS):
+            return MALFORMED
+        if at < 0:
+            return INCOMPLETE
+        self.end = at + 4
+        return COMPLETE
 
 
 _WOULD_BLOCK = (ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError, InterruptedError)
 
 
-def _waiting_for(err: Exception) -> int:
-    """What the socket must become before the step can go on (TLS may need to write first)."""
-    return selectors.EVENT_WRITE if isinstance(err, ssl.SSLWantWriteError) else selectors.EVENT_READ
+def _waiting_for(err: Exception, otherwise: int = selectors.EVENT_READ) -> int:
+    """What the socket must become before the step can go on (TLS may read while writing, or write
+    while reading)."""
+    if isinstance(err, ssl.SSLWantWriteError):
+        return selectors.EVENT_WRITE
+    if isinstance(err, ssl.SSLWantReadError):
+        return selectors.EVENT_READ
+    return otherwise
 
 
-class OneWrite:
-    """A socket whose first write (gunicorn's status line and headers) waits for the next one
-    (the body), so a small response leaves as one TLS record and one send, not two."""
+class Reply:
+    """The socket a pool thread answers through: the response is collected and sent in one go.
+
+    One send makes a small response one TLS record. ``send_now`` does not wait: what a slow
+    reader leaves in ``rest`` is sent by the event loop (``GuardWorker.finish_request``) under
+    the request deadline, the way requests are read. A blocking send with a timeout would still
+    hold a thread for the whole timeout per slow reader, and as many clients as there are
+    threads, pipelining requests and never reading, would stop every decision for that long;
+    in the loop such a client holds a registered socket, not a thread. The responses are small
+    JSON documents and metrics, so holding one whole costs little.
+    """
 
     def __init__(self, sock) -> None:
         self._sock = sock
-        self._held = b""
+        self._out = bytearray()
+        self.rest = memoryview(b"")
 
     def sendall(self, data) -> None:
-        if self._held:
-            data, self._held = self._held + bytes(data), b""
-        elif bytes(data[:5]) == b"HTTP/" and len(data) < 16384:
-            self._held = bytes(data)
-            return
-        self._sock.sendall(data)
+        self._out += data
 
-    def flush(self) -> None:
-        if self._held:
-            held, self._held = self._held, b""
-            self._sock.sendall(held)
+    def send_now(self) -> None:
+        timeout = self._sock.gettimeout()
+        self._sock.setblocking(False)
+        self.rest = memoryview(self._out)
+        try:
+            while self.rest:
+                # TLS: after a would-block the same bytes are offered again, as OpenSSL requires.
+                self.rest = self.rest[self._sock.send(self.rest) :]
+        except _WOULD_BLOCK:
+            pass
+        finally:
+            self._sock.settimeout(timeout)
 
     def __getattr__(self, name: str):
         return getattr(self._sock, name)
@@ -146,7 +201,7 @@ class OneWrite:
 
 @dataclass(slots=True)
 class _Pending:
-    """A connection whose request is still arriving."""
+    """A connection the loop works on: its request is still arriving, or its reply leaving."""
 
     conn: TConn
     deadline: float
@@ -155,6 +210,8 @@ class _Pending:
     data: bytearray = field(default_factory=bytearray)
     events: int = 0  # what the poller watches for it (0: not registered)
     drain: int = -1  # answered already: bytes still to read and drop before closing
+    unsent: memoryview | None = None  # the rest of a reply the client is slow to take
+    then: Callable[[], None] | None = None  # what gunicorn does once the reply is out
 
 
 class GuardWorker(ThreadWorker):
@@ -190,27 +247,46 @@ class GuardWorker(ThreadWorker):
         self._start(conn, handshake=False)
 
     def murder_pending(self) -> None:
+        """A request that missed its deadline is answered 408; a handshake, a drain or a reply
+        that missed it is closed."""
         super().murder_pending()
         now = time.monotonic()
         for pending in [p for p in self.pending_requests.values() if p.deadline <= now]:
-            if pending.data and not pending.handshake and pending.drain < 0:
+            if pending.data and not pending.handshake and pending.drain < 0 and pending.then is None:
                 self._reject(pending, 408, "the request did not arrive in time")
             else:
                 self._drop(pending)
 
     def handle_request(self, req, conn: TConn):
-        """Answer with the status line and headers in the same TLS record as the body."""
+        """Answer into a ``Reply``; what the client does not take at once is left to the loop."""
         sock = conn.sock
-        conn.sock = OneWrite(sock)
+        sock.settimeout(self.request_timeout)  # bounds what else a thread sends (an error page)
+        conn.sock = reply = Reply(sock)
         try:
-            return super().handle_request(req, conn)
+            keepalive = super().handle_request(req, conn)
         finally:
-            try:
-                conn.sock.flush()
-            except OSError:
-                pass  # the client is gone; the connection closes as gunicorn decided
-            finally:
-                conn.sock = sock
+            conn.sock = sock
+        reply.send_now()
+        conn.unsent = reply.rest
+        return keepalive
+
+    def finish_request(self, conn: TConn, fs) -> None:
+        """Send the rest of a reply from the loop, then carry on as gunicorn would have."""
+        unsent, conn.unsent = getattr(conn, "unsent", None), None
+        if not unsent:
+            super().finish_request(conn, fs)
+            return
+        conn.sock.setblocking(False)
+        pending = _Pending(
+            conn,
+            time.monotonic() + self.request_timeout,
+            RequestFraming(self.max_body),
+            handshake=False,
+            unsent=unsent,
+            then=partial(super().finish_request, conn, fs),
+        )
+        self.pending_requests[conn] = pending
+        self._send(pending)
 
     # -- one request at a time, in the loop -----------------------------------------------
 
@@ -227,6 +303,9 @@ class GuardWorker(ThreadWorker):
         self._advance(pending)
 
     def _advance(self, pending: _Pending, _fileobj=None) -> None:
+        if pending.then is not None:
+            self._send(pending)
+            return
         if pending.drain >= 0:
             self._drain(pending)
             return
@@ -236,7 +315,12 @@ class GuardWorker(ThreadWorker):
                 conn.sock.do_handshake()
                 pending.handshake = False
             verdict = pending.framing.progress(pending.data) if pending.data else INCOMPLETE
+            reads = 0
             while verdict == INCOMPLETE:
+                if reads == _READS_PER_TURN:
+                    self._watch(pending, selectors.EVENT_READ)
+                    return
+                reads += 1
                 chunk = conn.sock.recv(_READ_SIZE)
                 if not chunk:
                     self._drop(pending)  # the client went away
@@ -260,6 +344,19 @@ class GuardWorker(ThreadWorker):
             self._reject(pending, 413, f"request body is larger than the {self.max_body}-byte limit")
         else:
             self._reject(pending, 400, "malformed HTTP request framing")
+
+    def _send(self, pending: _Pending) -> None:
+        try:
+            while pending.unsent:
+                pending.unsent = pending.unsent[pending.conn.sock.send(pending.unsent) :]
+        except _WOULD_BLOCK as err:
+            self._watch(pending, _waiting_for(err, selectors.EVENT_WRITE))
+            return
+        except OSError:  # ssl.SSLError too
+            self._drop(pending)
+            return
+        self._forget(pending)
+        pending.then()
 
     def _watch(self, pending: _Pending, events: int) -> None:
         callback = partial(self._advance, pending)
@@ -309,11 +406,14 @@ class GuardWorker(ThreadWorker):
 
     def _drain(self, pending: _Pending) -> None:
         try:
-            while pending.drain > 0:
+            for _ in range(_READS_PER_TURN):
                 chunk = pending.conn.sock.recv(min(_READ_SIZE, pending.drain))
-                if not chunk:
-                    break
                 pending.drain -= len(chunk)
+                if not chunk or pending.drain <= 0:
+                    break
+            else:
+                self._watch(pending, selectors.EVENT_READ)
+                return
         except _WOULD_BLOCK as err:
             self._watch(pending, _waiting_for(err))
             return
