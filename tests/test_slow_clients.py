@@ -381,6 +381,27 @@ def test_a_slow_reader_still_gets_every_reply_whole(server):
     conn.close()
 
 
+def test_clients_that_keep_a_closed_connection_open_do_not_stall_the_loop(server):
+    conn = server.connect()
+    post_json(conn, "/validate", REVIEW)  # connected and kept alive before them
+    holders = [_raw_tls(server) for _ in range(3)]
+    for holder in holders:  # answered with "Connection: close"; they neither close nor send more
+        holder.sendall(b"GET /healthz HTTP/1.1\r\nHost: guard\r\nConnection: close\r\n\r\n")
+    try:
+        time.sleep(0.2)
+        conn.sock.settimeout(1.0)  # below the 2 s each of them lingers
+        for _ in range(3):
+            status, _ = post_json(conn, "/validate", REVIEW)
+            assert status == 200
+        conn.close()
+        for holder in holders:
+            assert _answer(holder)[0] == 200
+            assert holder.recv(100) == b""  # half-closed by the server at once
+    finally:
+        for holder in holders:
+            holder.close()
+
+
 def test_the_server_still_answers_after_the_hostile_connections(server):
     conn = server.connect()
     status, _ = post_json(conn, "/validate", REVIEW)

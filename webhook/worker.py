@@ -20,6 +20,7 @@ import contextlib
 import errno
 import re
 import selectors
+import socket
 import ssl
 import time
 from collections.abc import Callable
@@ -41,6 +42,9 @@ _CHUNK_SIZE = re.compile(rb"([0-9A-Fa-f]{1,16})(?:[ \t]*;.*)?", re.DOTALL)
 # After a 413 the rest of the body is read and dropped (up to this much), or the client, still
 # sending, would meet a reset instead of the answer.
 DRAIN_LIMIT = 16 * 1024 * 1024
+# A connection the server closes lingers this long, reading and dropping what the client still
+# sends, so that a reset does not cut the last reply (what gunicorn's close_graceful does).
+LINGER_SECONDS, LINGER_LIMIT = 2.0, 64 * 1024
 _READ_SIZE = 256 * 1024
 # Reads for one connection before the loop turns to the others (it comes back: the socket is
 # still readable). A read costs the same for one byte as for a full TLS record, and a client
@@ -274,7 +278,7 @@ class GuardWorker(ThreadWorker):
         """Send the rest of a reply from the loop, then carry on as gunicorn would have."""
         unsent, conn.unsent = getattr(conn, "unsent", None), None
         if not unsent:
-            super().finish_request(conn, fs)
+            self._after_reply(conn, fs)
             return
         conn.sock.setblocking(False)
         pending = _Pending(
@@ -283,10 +287,37 @@ class GuardWorker(ThreadWorker):
             RequestFraming(self.max_body),
             handshake=False,
             unsent=unsent,
-            then=partial(super().finish_request, conn, fs),
+            then=partial(self._after_reply, conn, fs),
         )
         self.pending_requests[conn] = pending
         self._send(pending)
+
+    def _after_reply(self, conn: TConn, fs) -> None:
+        """What gunicorn does once a reply is out, except that closing lingers in the loop.
+
+        gunicorn half-closes and then reads what the client still sends for up to 2 s on a
+        blocking socket, in the loop's thread: a client that took a ``Connection: close`` reply
+        and kept the connection open stalled every other connection of the worker for 2 s.
+        """
+        if fs.cancelled() or fs.exception() is not None or fs.result() is not False:
+            super().finish_request(conn, fs)
+            return
+        try:
+            conn.sock.shutdown(socket.SHUT_WR)  # a TLS socket drops its TLS state: raw reads follow
+            conn.sock.setblocking(False)
+        except OSError:  # closed already
+            self.nr_conns -= 1
+            conn.close()
+            return
+        pending = _Pending(
+            conn,
+            time.monotonic() + LINGER_SECONDS,
+            RequestFraming(self.max_body),
+            handshake=False,
+            drain=LINGER_LIMIT,
+        )
+        self.pending_requests[conn] = pending
+        self._drain(pending)
 
     # -- one request at a time, in the loop -----------------------------------------------
 
