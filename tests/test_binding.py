@@ -67,6 +67,16 @@ def binding(
     }
 
 
+def pod_create(obj: dict) -> dict:
+    """The review of a Pod CREATE in namespace ml (with ``spec.nodeName``, it reserves like a bind)."""
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {"uid": "c", "kind": {"group": "", "version": "v1", "kind": "Pod"}, "namespace": "ml",
+                    "operation": "CREATE", "object": obj},
+    }  # fmt: skip
+
+
 def client_for(state: ClusterState, tmp_path: Path, config: dict | None = None, **guard) -> object:
     conf = config_from_dict(config or {})
     bind_guard = BindGuard(conf, LocalTable(tmp_path / "reservations"), **guard)
@@ -195,12 +205,7 @@ def test_a_pod_created_with_node_name_reserves_like_a_bind(tmp_path):
     state = state_with(node("n1", cpu="1"), pod("a", namespace="ml", requests={"cpu": "1"}))
     client = client_for(state, tmp_path)
     created = pod("direct", namespace="ml", node_name="n1", requests={"cpu": "1"})
-    review = {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {"uid": "c", "kind": {"group": "", "version": "v1", "kind": "Pod"}, "namespace": "ml",
-                    "operation": "CREATE", "object": created},
-    }  # fmt: skip
+    review = pod_create(created)
     assert answer(client, review)["allowed"] is True
     denied = answer(client, binding("a", "n1"))  # the created pod holds the cpu until the watch shows it
     assert denied["allowed"] is False and denied["status"]["reason"] == "OutOfcpu"
@@ -314,12 +319,7 @@ def test_exemptions_cover_binds_and_pods_created_with_node_name(tmp_path):
     client = client_for(state, tmp_path, config)
     assert answer(client, binding("late", "gpu-1"))["allowed"] is True
     created = gpu_pod("direct", node_name="gpu-1")
-    review = {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {"uid": "c", "kind": {"group": "", "version": "v1", "kind": "Pod"}, "namespace": "ml",
-                    "operation": "CREATE", "object": created},
-    }  # fmt: skip
+    review = pod_create(created)
     assert answer(client, review)["allowed"] is True
     other = config_from_dict({"exemptions": [{"namespaces": ["other"]}]})
     guard = BindGuard(other, LocalTable(tmp_path / "other"))
