@@ -13,7 +13,7 @@ from tests.fake_apiserver import Cluster, FakeApiServer, Fault
 from webhook.config import config_from_dict
 from webhook.engine import evaluate
 from webhook.state import ClusterState, node_from, pod_record
-from webhook.state.apiserver import ApiServer
+from webhook.state.apiserver import ApiError, ApiServer, _dechunked
 from webhook.state.informer import Informer, Timing, live_snapshot
 
 FAST = Timing(page_size=2, watch_timeout=3, read_timeout=1.0, backoff_base=0.02, backoff_cap=0.2, max_age=30)
@@ -337,3 +337,46 @@ def test_serve_answers_from_live_state_and_follows_changes(server, cluster, tmp_
         assert eventually(lambda: not allowed())  # both workers synced: tiny is full
         cluster.delete("pods", "uid-occupant")
         assert eventually(lambda: all(allowed() for _ in range(6)))  # every worker saw the delete
+
+
+def test_an_in_place_resize_on_a_modified_event_moves_the_aggregates(informer, cluster):
+    resized = pod("p1", node_name="n1", requests={"cpu": "500m", "nvidia.com/gpu": "1"}, phase="Running")
+    resized["status"]["containerStatuses"] = [{"name": "app", "resources": {"requests": {"cpu": "500m"}}}]
+    cluster.put("pods", resized)
+    assert converged(informer, cluster)
+    resized["status"]["containerStatuses"][0]["resources"]["requests"]["cpu"] = (
+        "3"  # actuated: only the status
+    )
+    cluster.put("pods", resized)
+    assert converged(informer, cluster)
+    assert informer.state.usage("n1").requested["cpu"] == 3000 + 500  # and p4 (n1) unchanged
+
+
+class Reads:
+    """A socket file that returns the given pieces, one per ``read1``."""
+
+    def __init__(self, *pieces: bytes) -> None:
+        self.pieces = list(pieces)
+
+    def read1(self, size: int) -> bytes:
+        return self.pieces.pop(0) if self.pieces else b""
+
+
+def chunked(*events: bytes) -> bytes:
+    return b"".join(b"%x;ext=1\r\n%s\r\n" % (len(e), e) for e in events) + b"0\r\nTrailer: x\r\n\r\n"
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 5, 7, 64, 65536])
+def test_a_chunked_stream_is_decoded_whatever_the_read_sizes(size):
+    events = [b'{"type":"ADDED"}\n', b'{"type":"MOD', b'IFIED"}\n', b"\r\n\r\n" * 3, b"x" * 300]
+    body = chunked(*events)
+    pieces = [body[i : i + size] for i in range(0, len(body), size)]
+    assert b"".join(_dechunked(Reads(*pieces))) == b"".join(events)
+
+
+@pytest.mark.parametrize(
+    "body", [b"5\r\nabc", b"5\r\nabcde\r\n", b"zz\r\nab\r\n0\r\n\r\n", b"2\r\nabcd\r\n0\r\n\r\n", b"1" * 2000]
+)
+def test_a_cut_or_malformed_chunked_stream_is_an_error(body):
+    with pytest.raises(ApiError):
+        list(_dechunked(Reads(body)))

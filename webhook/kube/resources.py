@@ -146,7 +146,7 @@ def _aggregate(spec: Mapping[str, Any], requests_of) -> ResourceVector:
     return total
 
 
-def _resize_infeasible(status: Mapping[str, Any]) -> bool:
+def resize_infeasible(status: Mapping[str, Any]) -> bool:
     for condition in status.get("conditions") or ():
         if isinstance(condition, Mapping) and condition.get("type") == "PodResizePending":
             return condition.get("reason") == "Infeasible"
@@ -160,7 +160,7 @@ def _status_requests(spec: Mapping[str, Any], status: Mapping[str, Any]) -> Reso
         for cs in status.get(key) or ():
             if isinstance(cs, Mapping) and isinstance(cs.get("name"), str):
                 by_name.setdefault(cs["name"], cs)
-    infeasible = _resize_infeasible(status)
+    infeasible = resize_infeasible(status)
 
     def allocated(container, field):
         cs = by_name.get(container.get("name"))

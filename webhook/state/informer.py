@@ -26,6 +26,7 @@ from ..kube.errors import FieldError
 from .apiserver import ApiError, ApiServer, watch_lines
 from .model import ClusterState, node_from, object_key, pod_record
 from .rejections import StormBreakers
+from .snapshot import collector_paused
 from .source import Readiness, StateView
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,7 @@ def _kinds(state: ClusterState) -> tuple[_Kind, _Kind]:
         _Kind(
             "pods",
             key=object_key,
-            build=pod_record,
+            build=_live_pod_record,
             store=state.set_pod,
             drop=state.remove_pod,
             present=lambda: list(state.pods),
@@ -208,23 +209,27 @@ class Informer:
         token, resource_version = "", ""
         while True:
             page = self.api.list_page(kind.name, self.timing.page_size, token)
-            if kind.name == "pods" and self.state.storm is not None:
-                for obj in page.items:
-                    self.state.storm.observe(obj, None, time.time())  # listed: at its creation time
-            built = [(kind.key(obj), self._build(kind, obj)) for obj in page.items]
-            with self.lock:
-                for key, value in built:
-                    seen.add(key)
-                    self._set(kind, key, value)
+            # The page's ~20,000 objects die before the collector runs again: scanned, they would
+            # be promoted, and the collector would scan the whole state dozens of times per list.
+            with collector_paused():
+                if kind.name == "pods" and self.state.storm is not None:
+                    for obj in filter(_storm_reads, page.items):
+                        self.state.storm.observe(obj, None, time.time())  # listed: at its creation time
+                built = [(kind.key(obj), self._build(kind, obj)) for obj in page.items]
+                with self.lock:
+                    for key, value in built:
+                        seen.add(key)
+                        self._set(kind, key, value)
+                resource_version = resource_version or page.resource_version
+                last, token = page.resource_version, page.continue_token
+                del page
             self._touch(kind)
-            resource_version = resource_version or page.resource_version
-            token = page.continue_token
             if not token:
                 break
         with self.lock:
             for key in [k for k in kind.present() if k not in seen]:
                 kind.drop(key)
-        return page.resource_version or resource_version
+        return last or resource_version
 
     def _watch(self, kind: _Kind, resource_version: str) -> str:
         """Apply events until the server ends the watch; return the last resourceVersion."""
@@ -254,8 +259,8 @@ class Informer:
                 raise _Relist
             raise ApiError(int(obj.get("code") or 0), str(obj.get("message") or "watch error"))
         resource_version = (obj.get("metadata") or {}).get("resourceVersion")
-        if kind_of_event in ("ADDED", "MODIFIED"):
-            if kind.name == "pods" and self.state.storm is not None:
+        if kind_of_event == "ADDED" or kind_of_event == "MODIFIED":
+            if kind.name == "pods" and self.state.storm is not None and _storm_reads(obj):
                 self.state.storm.observe(obj, time.time())  # first seen Failed: now
             key, value = kind.key(obj), self._build(kind, obj)
             with self.lock:
@@ -290,6 +295,16 @@ class Informer:
         self._heard_wall = time.time()
 
 
+def _storm_reads(pod: dict[str, Any]) -> bool:
+    """``StormBreakers.observe`` reads only Failed and Running pods: skip the call for others."""
+    status = pod.get("status")
+    return isinstance(status, dict) and status.get("phase") in ("Failed", "Running")
+
+
+def _live_pod_record(obj: dict[str, Any]):
+    return pod_record(obj, parsed_json=True)  # orjson's output: requests may be shared
+
+
 def live_snapshot(api: ApiServer, page_size: int = 500, storm: StormBreakers | None = None) -> ClusterState:
     """One paginated list of nodes and pods, for a dry run against the live cluster."""
     return Informer(api, Timing(page_size=page_size), storm).list_once()
@@ -305,8 +320,10 @@ def _interrupt(response) -> None:
 
 
 def _close(response) -> None:
+    """Close the watch's connection (a stream read part way cannot carry another request),
+    and give its slot back to the pool."""
     try:
-        response.release_conn()
         response.close()
+        response.release_conn()
     except Exception:  # closing a stream another thread is reading may raise; it is closed either way
         pass

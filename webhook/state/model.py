@@ -14,10 +14,18 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from ..kube.errors import FieldError, mapping_at
+import orjson
+
+from ..kube.errors import MAPPING, FieldError, mapping_at
 from ..kube.pod_fields import check_pod_fields
 from ..kube.ports import HostPort, host_ports
-from ..kube.resources import ResourceVector, is_extended_resource, pod_requests, resource_list
+from ..kube.resources import (
+    ResourceVector,
+    is_extended_resource,
+    pod_requests,
+    resize_infeasible,
+    resource_list,
+)
 from ..kube.tolerations import Taint, taint_from
 from .rejections import StormBreakers
 
@@ -45,7 +53,7 @@ class PodRecord:
 
     key: str
     node: str
-    requests: ResourceVector
+    requests: ResourceVector  # read-only: records of the same inputs share one (see pod_record)
     host_ports: tuple[HostPort, ...]
     scheduler: str
     priority: int | None
@@ -110,7 +118,7 @@ ENDED_KEYS = 65_536
 def object_key(obj: Mapping[str, Any]) -> str:
     """The uid when there is one (live objects), else ``namespace/name`` (hand-written files)."""
     metadata = obj.get("metadata")
-    if not isinstance(metadata, Mapping):
+    if not isinstance(metadata, MAPPING):
         return "default/"
     uid = metadata.get("uid")
     if uid:
@@ -133,8 +141,12 @@ def pod_priority(spec: Mapping[str, Any]) -> int | None:
     return priority
 
 
-def pod_record(pod: Mapping[str, Any]) -> PodRecord | None:
-    """The compact record of a pod, or None for a terminal pod (it holds nothing)."""
+def pod_record(pod: Mapping[str, Any], *, parsed_json: bool = False) -> PodRecord | None:
+    """The compact record of a pod, or None for a terminal pod (it holds nothing).
+
+    ``parsed_json``: the pod is as a JSON parser returns it (dicts, lists, strings, numbers,
+    booleans, null; no tuples), so its requests may be shared with pods of the same inputs.
+    """
     status = mapping_at(pod, "status", "status")
     if status.get("phase") in TERMINAL_PHASES:
         return None
@@ -142,17 +154,80 @@ def pod_record(pod: Mapping[str, Any]) -> PodRecord | None:
     metadata = mapping_at(pod, "metadata", "metadata")
     check_pod_fields(metadata, spec)
     priority = pod_priority(spec)
-    requests = {sys.intern(k): v for k, v in pod_requests(spec, status).items()}
+    if parsed_json:
+        requests, ports = _shared_requests_and_ports(spec, status)
+    else:
+        requests, ports = _requests_and_ports(spec, status)
     node = sys.intern(str(spec.get("nodeName") or ""))
     return PodRecord(
         key=object_key(pod),
         node=node,
         requests=requests,
-        host_ports=host_ports(spec),
+        host_ports=ports,
         scheduler=sys.intern(str(spec.get("schedulerName") or DEFAULT_SCHEDULER)),
         priority=priority,
         critical=is_critical(metadata, priority),
         pending=None if node else _pending(metadata, spec),
+    )
+
+
+_SHARED_MAX = 4096  # distinct inputs remembered: a cluster has a few per workload
+_SHARED_KEY_BYTES = 2048  # larger inputs are computed every time, never kept
+_shared: dict[bytes, tuple[ResourceVector, tuple[HostPort, ...]]] = {}
+# Types orjson would write like JSON's own (datetime as a string, ...) must not reach a key.
+_EXACT = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_SUBCLASS
+
+
+def _requests_and_ports(spec: Mapping[str, Any], status: Mapping[str, Any]):
+    requests = {sys.intern(k): v for k, v in pod_requests(spec, status).items()}
+    return requests, host_ports(spec)
+
+
+def _shared_requests_and_ports(spec: Mapping[str, Any], status: Mapping[str, Any]):
+    """``_requests_and_ports``, computed once per distinct input of a parsed JSON pod.
+
+    The pods of one workload, and every watch event of one pod, share one result (one dict, not
+    one per pod: read-only). The key is the JSON of every value the two functions read, so
+    equal keys mean equal results; other shapes (a container that is not an object) raise here
+    and are computed without the cache, errors included.
+    """
+    try:
+        key = orjson.dumps(_inputs(spec, status), option=_EXACT)
+    except (AttributeError, TypeError):  # orjson.JSONEncodeError is a TypeError
+        return _requests_and_ports(spec, status)
+    shared = _shared.get(key)
+    if shared is None:
+        shared = _requests_and_ports(spec, status)
+        if len(key) <= _SHARED_KEY_BYTES:
+            if len(_shared) >= _SHARED_MAX:
+                _shared.clear()
+            _shared[key] = shared
+    return shared
+
+
+def _inputs(spec: Mapping[str, Any], status: Mapping[str, Any]) -> tuple:
+    """What ``pod_requests`` and ``host_ports`` read: the containers' names, restart policies,
+    resources and ports, pod-level resources and overhead, and (in-place resize) the
+    containers' statuses and whether a resize is infeasible."""
+    statuses = None
+    if status.get("containerStatuses") or status.get("initContainerStatuses"):
+        statuses = [
+            [(s.get("name"), s.get("allocatedResources"), s.get("resources")) for s in status.get(k) or ()]
+            for k in ("initContainerStatuses", "containerStatuses")
+        ]
+        statuses.append(resize_infeasible(status))
+    return (
+        [
+            (c.get("name"), c.get("restartPolicy"), c.get("resources"), c.get("ports"))
+            for c in spec.get("containers") or ()
+        ],
+        [
+            (c.get("name"), c.get("restartPolicy"), c.get("resources"), c.get("ports"))
+            for c in spec.get("initContainers") or ()
+        ],
+        spec.get("resources"),
+        spec.get("overhead"),
+        statuses,
     )
 
 
@@ -250,6 +325,8 @@ class ClusterState:
         if record is None:
             self.remove_pod(key)
             return
+        if record.key == key:
+            key = record.key  # one string for the record and the keys it is filed under
         self._unindex(key)
         self.ended.pop(key, None)
         self.pods[key] = record
@@ -265,7 +342,8 @@ class ClusterState:
             for resource, amount in record.requests.items():
                 if amount:
                     usage.requested[resource] = usage.requested.get(resource, 0) + amount
-            usage.host_ports.update(record.host_ports)
+            if record.host_ports:  # Counter.update costs a microsecond even for nothing
+                usage.host_ports.update(record.host_ports)
 
     def remove_pod(self, key: str) -> None:
         """The pod was deleted or ended: it holds nothing, and its reservations end."""
@@ -299,9 +377,10 @@ class ClusterState:
                 usage.requested[resource] = remaining
             else:
                 del usage.requested[resource]
-        usage.host_ports.subtract(record.host_ports)
-        for port in record.host_ports:
-            if usage.host_ports[port] <= 0:
-                del usage.host_ports[port]
+        if record.host_ports:
+            usage.host_ports.subtract(record.host_ports)
+            for port in record.host_ports:
+                if usage.host_ports[port] <= 0:
+                    del usage.host_ports[port]
         if not usage.pods:
             del self._usage[record.node]
