@@ -4,6 +4,7 @@ reservations keep two binds from being handed the same capacity."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -21,7 +22,7 @@ from webhook.config import config_from_dict
 from webhook.server import create_app
 from webhook.state import ClusterState, node_from, pod_record
 from webhook.state.apiserver import ApiServer
-from webhook.state.reservations import LeaseStore, LocalTable
+from webhook.state.reservations import LeaseStore, LocalTable, Reservation
 from webhook.state.source import FixedState, Readiness, StateView
 
 SCHEDULER = "system:serviceaccount:volcano-system:volcano-scheduler"
@@ -424,3 +425,18 @@ def test_twelve_concurrent_binds_of_the_last_gpu_over_two_guards_allow_exactly_o
     assert len(allowed) == 1, json.dumps(responses, indent=1)
     assert {r["status"]["reason"] for r in responses if not r["allowed"]} == {"OutOfnvidia.com/gpu"}
     assert [lease["metadata"]["name"] for lease in cluster.leases.values()] == ["admit-guard-node-gpu-1"]
+
+
+def test_the_reservation_table_keeps_a_bounded_number_of_files_open(tmp_path):
+    table = LocalTable(tmp_path / "table")
+    before = len(os.listdir("/proc/self/fd"))
+    for n in range(LocalTable.OPEN_FILES + 200):
+        new = Reservation(f"uid-{n}", f"node-{n}", {"cpu": 1}, (), time.time() + 30)
+        assert table.reserve(new, lambda stored: True, lambda r: True, deadline=time.monotonic() + 1)
+    assert len(os.listdir("/proc/self/fd")) - before <= LocalTable.OPEN_FILES
+    again = Reservation("uid-x", "node-0", {"cpu": 1}, (), time.time() + 30)
+    seen: list = []
+    table.reserve(
+        again, lambda stored: seen.extend(stored) or True, lambda r: True, deadline=time.monotonic() + 1
+    )
+    assert [r.pod for r in seen] == ["uid-0"]  # a kept-open file still reads what was written

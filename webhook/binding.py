@@ -29,8 +29,6 @@ from .state.apiserver import ApiError
 from .state.model import Node, PodRecord
 from .state.reservations import (
     DeadlineExceeded,
-    Decide,
-    Keep,
     LeaseStore,
     LocalTable,
     Reservation,
@@ -170,6 +168,7 @@ class BindGuard:
         unsafe = self.config.node_admission.unsafe_sysctls_for(node.labels)
         new = Reservation.of(pod.record, node.name, settings.ttl_seconds, now)
         failures: list[Failure] = []
+        dropped: set[str] = set()  # entries of pods that ended or expired: not written back
 
         def decide(stored: list[Reservation]) -> bool:
             # The node's usage and which reservations still count are read at one moment, under
@@ -178,20 +177,31 @@ class BindGuard:
             with source.reading() as view:
                 if view.state is None:
                     raise _StateGone(view.unavailable or "no state")
+                dropped.update(r.pod for r in entries if not kept(r, view.state, now))
                 held = [r for r in entries if counts(r, view.state, now)]
                 usage = usage_with(view.state.usage(node.name), held)
                 failures[:] = kubelet_admission(pod, node, usage, unsafe)
             return not failures or mode in ("warn", "audit")
 
         def keep(reservation: Reservation) -> bool:
-            with source.reading() as view:
-                return view.state is None or kept(reservation, view.state, now)
+            return reservation.pod not in dropped
 
-        stores = [self.local] if self.local is not None else []
-        if self.leases is not None and self._coordinated(pod.record):
-            stores.append(self.leases)
+        write = not req.dry_run
+
+        leases = self.leases if self._coordinated(pod.record) else None
+
+        def through_lease(local: list[Reservation]) -> bool:
+            """The Lease's read-check-write, inside the table's: one decision over both."""
+            return leases.reserve(
+                new, lambda leased: decide([*local, *leased]), keep, write=write, deadline=deadline
+            )
+
+        inner = through_lease if leases is not None else decide
         try:
-            _through(stores, new, decide, keep, write=not req.dry_run, deadline=deadline)
+            if self.local is not None:
+                self.local.reserve(new, inner, keep, write=write, deadline=deadline)
+            else:
+                inner([])
         except _StateGone as err:
             return _unchecked(outcome, STATE_UNAVAILABLE, f"{pod_name} to {node.name}: {err}")
         except DeadlineExceeded as err:
@@ -257,28 +267,6 @@ class BindGuard:
 
 class _StateGone(Exception):
     """The state became unavailable between reading the pod and deciding."""
-
-
-def _through(
-    stores: list[LocalTable | LeaseStore],
-    new: Reservation,
-    decide: Decide,
-    keep: Keep,
-    *,
-    write: bool,
-    deadline: float,
-    seen: tuple[Reservation, ...] = (),
-) -> bool:
-    """Reserve in every store at once: each store's read-check-write runs inside the previous
-    one's, and the decision sees the entries of all of them."""
-    if not stores:
-        return decide(list(seen))
-    first, *rest = stores
-
-    def inner(stored: list[Reservation]) -> bool:
-        return _through(rest, new, decide, keep, write=write, deadline=deadline, seen=(*seen, *stored))
-
-    return first.reserve(new, inner, keep, write=write, deadline=deadline)
 
 
 def _unchecked(outcome: Outcome, why: str, detail: str) -> Outcome:

@@ -117,7 +117,7 @@ def usage_with(usage: NodeUsage, reservations: Iterable[Reservation]) -> NodeUsa
 # ``decide(stored) -> bool``: given every reservation a store holds for the node (the new pod's
 # own included, for the caller to set aside), whether the new one fits. ``reserve`` returns that
 # verdict and, when it is True and ``write`` is set, stores the new reservation beside the
-# ``keep`` ones (``keep(r)``: whether an old entry is written back).
+# ``keep`` ones (``keep(r)``: whether an old entry is written back; called after ``decide``).
 Decide = Callable[[list[Reservation]], bool]
 Keep = Callable[[Reservation], bool]
 
@@ -130,15 +130,21 @@ class LocalTable:
     """Reservations shared by the workers of one replica: a flock'ed file per node.
 
     Threads of one worker queue on a lock of their own first (a timed wait, no polling), so
-    only the other workers' holds are waited out on the file lock. Each worker keeps its files
-    open: the fewer system calls inside the hold, the fewer chances for another thread to take
-    the interpreter for a whole switch interval while the node is locked.
+    only the other workers' holds are waited out on the file lock. Each worker keeps the files
+    of up to ``OPEN_FILES`` nodes open: the fewer system calls inside the hold, the fewer
+    chances for another thread to take the interpreter for a whole switch interval while the
+    node is locked. Files opened before a fork are never used after it: ``flock`` would not
+    keep the processes apart on a shared open file.
     """
+
+    OPEN_FILES = 128
 
     def __init__(self, directory: Path) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
-        self._nodes: dict[str, tuple[threading.Lock, list[int]]] = {}
+        self._pid = os.getpid()
+        self._locks: dict[str, threading.Lock] = {}
+        self._files: dict[str, int] = {}  # node → open file, only while its lock is held to use it
         self._guard = threading.Lock()
 
     def reserve(
@@ -147,34 +153,47 @@ class LocalTable:
         """Raises ``DeadlineExceeded`` when another thread or worker holds the node's lock past
         the deadline, ``OSError`` when the table cannot be read or written."""
         path = self.directory / f"{new.node}.json"
-        lock, fd = self._node(new.node)
+        lock = self._lock(new.node)
         if not lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
             raise DeadlineExceeded(f"waiting for the lock of {path}")
         try:
-            if not fd:
-                fd.append(os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600))
-            _flock(fd[0], deadline, path)
+            fd = self._files.get(new.node)
+            if fd is None:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
             try:
-                data = _read_all(fd[0])
-                stored = _entries(data)
-                fits = decide(stored)
-                if fits and write:
-                    _overwrite(
-                        fd[0], orjson.dumps([r.as_json() for r in _after(stored, new, keep)]), len(data)
-                    )
-                return fits
+                _flock(fd, deadline, path)
+                try:
+                    data = _read_all(fd)
+                    stored = _entries(data)
+                    fits = decide(stored)
+                    if fits and write:
+                        _overwrite(
+                            fd, orjson.dumps([r.as_json() for r in _after(stored, new, keep)]), len(data)
+                        )
+                    return fits
+                finally:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
             finally:
-                fcntl.flock(fd[0], fcntl.LOCK_UN)
+                self._keep_open(new.node, fd)
         finally:
             lock.release()
 
-    def _node(self, node: str) -> tuple[threading.Lock, list[int]]:
-        """The node's thread lock and open file (empty until first used, under that lock)."""
-        entry = self._nodes.get(node)
-        if entry is None:
-            with self._guard:
-                entry = self._nodes.setdefault(node, (threading.Lock(), []))
-        return entry
+    def _lock(self, node: str) -> threading.Lock:
+        with self._guard:
+            if self._pid != os.getpid():  # a forked child: its own locks and files
+                self._pid, self._locks, self._files = os.getpid(), {}, {}
+            lock = self._locks.get(node)
+            if lock is None:
+                lock = self._locks[node] = threading.Lock()
+            return lock
+
+    def _keep_open(self, node: str, fd: int) -> None:
+        """Called holding the node's lock: keep its file open while there is room, else close it."""
+        with self._guard:
+            if self._files.get(node) == fd or len(self._files) < self.OPEN_FILES:
+                self._files[node] = fd
+                return
+        os.close(fd)
 
 
 def _flock(fd: int, deadline: float, path: Path) -> None:
