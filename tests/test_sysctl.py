@@ -207,3 +207,15 @@ def test_an_unbound_pod_is_checked_against_every_node_it_could_be_scheduled_to()
     state = cluster(versioned("new", "v1.35.0", "6.1.0"), versioned("old", "v1.31.0", "6.1.0"))
     unbound = pod("p", securityContext={"sysctls": [{"name": "net.ipv4.tcp_wmem", "value": "1"}]})
     assert reasons(unbound, state) == ["SysctlForbidden"]
+
+
+def test_a_daemonset_template_is_checked_on_the_cordoned_and_pressured_nodes_its_pods_tolerate():
+    state = cluster(
+        versioned("worker", "v1.35.0", "6.1.0"),
+        versioned("cordoned", "v1.31.0", "6.1.0",
+                  taints=[{"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}]),
+    )  # fmt: skip
+    daemonset = template_with("net.ipv4.tcp_rmem")
+    daemonset["kind"] = "DaemonSet"
+    [violation] = evaluate(daemonset, "CREATE", state, Config()).violations
+    assert "refusing nodes: cordoned)" in violation.message

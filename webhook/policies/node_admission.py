@@ -23,6 +23,20 @@ STATE_UNAVAILABLE = "ClusterStateUnavailable"
 
 # The scheduler's TaintToleration filter (cordoned nodes carry node.kubernetes.io/unschedulable).
 _SCHEDULER_TAINT_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
+# What the DaemonSet controller adds to every pod it creates (``util.AddOrUpdateDaemonPodTolerations``):
+# its pods land on not-ready, unreachable, pressured and cordoned nodes all the same.
+DAEMON_TOLERATIONS = tuple(
+    {"key": f"node.kubernetes.io/{key}", "operator": "Exists", "effect": effect}
+    for key, effect in (
+        ("not-ready", "NoExecute"),
+        ("unreachable", "NoExecute"),
+        ("disk-pressure", "NoSchedule"),
+        ("memory-pressure", "NoSchedule"),
+        ("pid-pressure", "NoSchedule"),
+        ("unschedulable", "NoSchedule"),
+        ("network-unavailable", "NoSchedule"),
+    )
+)
 
 
 def check(
@@ -108,6 +122,8 @@ def unschedulable_sysctls(
     if review.old_shape is not None and pod_sysctls(review.old_shape.spec) == pod_sysctls(review.shape.spec):
         return []  # unchanged sysctls: the object stays updatable
     tolerations = review.shape.spec.get("tolerations")
+    if review.shape.kind == "DaemonSet":
+        tolerations = [*(tolerations if isinstance(tolerations, list) else []), *DAEMON_TOLERATIONS]
     refused = [
         (node.name, failure)
         for node in state.nodes.values()
