@@ -101,3 +101,26 @@ def test_a_worker_exit_writes_the_lines_its_writer_has_not_written_yet(monkeypat
         assert len(stream.getvalue().splitlines()) == 50
     finally:
         logger.handlers[:] = saved
+
+
+def test_lines_logged_while_flushing_are_all_written_and_no_flush_waits_out_its_timeout():
+    import time
+
+    stream = io.StringIO()
+    logger = _logger("racing-flush", stream)
+    done = threading.Event()
+
+    def requests() -> None:
+        for n in range(20_000):
+            logger.info('{"n": %d}', n)
+        done.set()
+
+    thread = threading.Thread(target=requests)
+    started = time.monotonic()
+    thread.start()
+    while not done.is_set():
+        flush_decision_lines(logger)
+    thread.join()
+    flush_decision_lines(logger)
+    assert time.monotonic() - started < 5
+    assert sorted(int(line[6:-1]) for line in stream.getvalue().splitlines()) == list(range(20_000))

@@ -28,11 +28,13 @@ class BackgroundLines(logging.Handler):
     def __init__(self, stream: TextIO) -> None:
         super().__init__()
         self.stream = stream
+        # Each writer has its own queue and wake-up event, swapped together under the lock, so a
+        # flush stops exactly the writer it found and a new one never takes the old one's stop.
         self._lines: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake = threading.Event()
         self._writer: threading.Thread | None = None
         self._pid = 0
         self._start_lock = threading.Lock()
-        self._flushing = threading.Event()  # cuts the writer's linger short
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -46,12 +48,13 @@ class BackgroundLines(logging.Handler):
     def flush(self) -> None:
         """Write every queued line and stop the writer; a later line starts a new one."""
         with self._start_lock:
-            writer, self._writer = self._writer, None
+            writer, lines, wake = self._writer, self._lines, self._wake
+            self._writer, self._lines, self._wake = None, queue.SimpleQueue(), threading.Event()
         if writer is not None and self._pid == os.getpid():
-            self._lines.put(_STOP)
-            self._flushing.set()
+            lines.put(_STOP)
+            wake.set()  # cut the linger short
             writer.join(timeout=5)
-        self._write_pending()
+        self._write_pending(lines)
 
     def _ensure_writer(self) -> None:
         # Threads do not survive a fork: each gunicorn worker starts its own writer.
@@ -60,22 +63,24 @@ class BackgroundLines(logging.Handler):
         with self._start_lock:
             if self._writer is None or self._pid != os.getpid():
                 if self._pid not in (0, os.getpid()):
-                    self._lines = queue.SimpleQueue()  # the parent's lines are the parent's to write
+                    # The parent's lines are the parent's to write.
+                    self._lines, self._wake = queue.SimpleQueue(), threading.Event()
                 self._pid = os.getpid()
-                self._flushing = threading.Event()
-                self._writer = threading.Thread(target=self._drain, name="decision-log", daemon=True)
+                self._writer = threading.Thread(
+                    target=self._drain, args=(self._lines, self._wake), name="decision-log", daemon=True
+                )
                 self._writer.start()
 
-    def _drain(self) -> None:
+    def _drain(self, lines: queue.SimpleQueue, wake: threading.Event) -> None:
         while True:
-            line = self._lines.get()
+            line = lines.get()
             if line is _STOP:
                 return
-            self._flushing.wait(LINGER)
+            wake.wait(LINGER)
             batch = [line]
             while len(batch) < 4096:
                 try:
-                    line = self._lines.get_nowait()
+                    line = lines.get_nowait()
                 except queue.Empty:
                     break
                 if line is _STOP:
@@ -84,11 +89,11 @@ class BackgroundLines(logging.Handler):
                 batch.append(line)
             self._write(batch)
 
-    def _write_pending(self) -> None:
+    def _write_pending(self, lines: queue.SimpleQueue) -> None:
         batch = []
         while True:
             try:
-                line = self._lines.get_nowait()
+                line = lines.get_nowait()
             except queue.Empty:
                 break
             if line is not _STOP:
