@@ -351,6 +351,8 @@ def test_serve_writes_breaker_transitions_to_stderr_at_its_log_level(capsys):
         storm = StormBreakers(threshold=1, window=60, cooldown=10)
         storm.rejected(OWNER, "a", "OutOfcpu", "n1", 0)
         storm.probe_admitted("rs-uid", 11)
+        assert log_events_to_stderr("info") is handler  # installing twice keeps one handler
+        handler.flush()  # lines are written by a thread of their own
     finally:
         package = logging.getLogger("webhook")
         package.removeHandler(handler)

@@ -7,6 +7,7 @@ JSON; no input reaches a 500 or a traceback.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import sys
 import time
@@ -19,7 +20,7 @@ from . import admission
 from .admission import MUTATE, VALIDATE, AdmissionRequest, Outcome, ReviewError
 from .binding import BindGuard, binding_target, is_binding
 from .config import Config
-from .decision_log import flush_decision_lines, log_lines_in_background
+from .decision_log import BackgroundLines, flush_decision_lines, log_lines_in_background
 from .kube.rejection import controller_owner
 from .metrics import Metrics
 from .state.source import StateSource
@@ -204,11 +205,18 @@ def log_decisions_to_stderr() -> None:
 
 def log_events_to_stderr(level: str) -> logging.Handler:
     """The guard's own events (storm breaker transitions, watch retries) at ``--log-level``, one
-    line each on stderr: gunicorn configures only its own loggers, so without this they vanish."""
+    line each on stderr: gunicorn configures only its own loggers, so without this they vanish.
+    Written by a thread of their own, as decisions are: some are logged under the state's or the
+    breakers' lock, which a blocked stderr must never hold."""
     logger = logging.getLogger(__package__)
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s [%(process)d] [%(levelname)s] %(name)s: %(message)s"))
-    logger.addHandler(handler)
+    handler = next((h for h in logger.handlers if isinstance(h, BackgroundLines)), None)
+    if handler is None:
+        handler = BackgroundLines(sys.stderr)
+        handler.setFormatter(
+            logging.Formatter("%(asctime)s [%(process)d] [%(levelname)s] %(name)s: %(message)s")
+        )
+        logger.addHandler(handler)
+        atexit.register(handler.flush)
     logger.setLevel(level.upper())
     logger.propagate = False
     return handler
