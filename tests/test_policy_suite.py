@@ -143,3 +143,36 @@ def test_an_invalid_test_file_lists_every_problem_of_every_case(tmp_path):
     ):
         assert f"{bad}: {problem}" in result.stderr, problem
     assert isinstance(result.exception, SystemExit)  # no traceback
+
+
+def test_groups_must_be_strings_and_bind_to_must_bind_a_pod(tmp_path):
+    bad = tmp_path / "bad.test.yaml"
+    bad.write_text(
+        """
+apiVersion: admit-guard.io/v1alpha1
+kind: PolicyTest
+config: {inline: {exemptions: [{groups: [admins]}]}}
+cases:
+  - name: a group that is a number
+    groups: [1]
+    object: {apiVersion: v1, kind: Pod, metadata: {name: p}, spec: {containers: [{name: a, image: a}]}}
+    expect: {allowed: true}
+"""
+    )
+    result = run(str(bad))
+    assert result.exit_code == 2 and f"{bad}: cases[0].groups: must be a list of strings" in result.stderr
+    bind = tmp_path / "bind.test.yaml"
+    bind.write_text(
+        """
+apiVersion: admit-guard.io/v1alpha1
+kind: PolicyTest
+cases:
+  - name: binds a pod whose spec is a list
+    bindTo: n1
+    object: {apiVersion: v1, kind: Pod, metadata: {name: p}, spec: [1]}
+    expect: {allowed: true}
+"""
+    )
+    result = run(str(bind))
+    assert result.exit_code == 1 and "bindTo binds a Pod" in result.output
+    assert isinstance(result.exception, SystemExit)  # no traceback

@@ -152,10 +152,12 @@ def _bind(test_file: TestFile, case: Case, failures: list[str]) -> Decision:
     from .binding import BindGuard
 
     state = test_file.state if test_file.state is not None else ClusterState()
+    spec = case.obj.get("spec") or {}
+    if case.obj.get("kind") != "Pod" or not isinstance(spec, Mapping):
+        failures.append("bindTo binds a Pod: the object must be a Pod whose spec is a mapping")
+        return Decision()
     try:
-        record = pod_record(
-            {**case.obj, "spec": {k: v for k, v in (case.obj.get("spec") or {}).items() if k != "nodeName"}}
-        )
+        record = pod_record({**case.obj, "spec": {k: v for k, v in spec.items() if k != "nodeName"}})
     except FieldError as err:
         failures.append(f"the object is invalid: {err}")
         return Decision()
@@ -313,7 +315,7 @@ def _case(where: _Where, raw: Any, at: str, base_data: Mapping[str, Any], base: 
         if ("oldObject" in raw or "oldObjectPath" in raw)
         else None,
         user=str(raw.get("user", "")),
-        groups=tuple(where.sequence(raw.get("groups", []), f"{at}.groups")),
+        groups=_groups(where, raw.get("groups", []), f"{at}.groups"),
         config=config,
         expect=expect,
         now=_moment(where, raw.get("now"), f"{at}.now"),
@@ -336,6 +338,14 @@ def _expect(where: _Where, raw: Any, at: str) -> Mapping[str, Any]:
     if "patchedPath" in expect:
         expect = {**expect, "patched": _object(where, {"objectPath": expect["patchedPath"]}, at, "object")}
     return expect
+
+
+def _groups(where: _Where, value: Any, at: str) -> tuple[str, ...]:
+    groups = where.sequence(value, at)
+    if not all(isinstance(g, str) for g in groups):
+        where.fail(at, "must be a list of strings")
+        return ()
+    return tuple(groups)
 
 
 def _bind_target(where: _Where, value: Any, at: str) -> str | None:
