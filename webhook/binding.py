@@ -23,8 +23,6 @@ from .admission import AdmissionRequest, Outcome, ReviewError
 from .checks import Failure, PodUnderReview, kubelet_admission
 from .config import Config
 from .engine import Decision, Violation
-from .kube.errors import FieldError
-from .kube.workloads import pod_shape
 from .state.apiserver import ApiError
 from .state.model import Node, PodRecord
 from .state.reservations import (
@@ -141,9 +139,8 @@ class BindGuard:
             node = view.state.nodes.get(node_name) if view.state is not None else None
         if node is None:
             return outcome
-        try:
-            pod = PodUnderReview.from_shape(pod_shape(req.obj))
-        except FieldError:
+        pod = outcome.decision.pod if outcome.decision is not None else None
+        if pod is None:
             return outcome  # the engine already answered for unreadable fields
         name = f"pod {req.namespace}/{req.name}"
         return self._reserve_or_deny(outcome, source, pod, node, req, name, mode, deadline, created=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
-from functools import cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,13 @@ DEFAULT_DEVICE_PATTERNS = ("nvidia.com/*", "amd.com/*", "intel.com/*", "gpu.inte
 
 class ConfigError(ValueError):
     """Invalid configuration; the message starts with the source and the field path."""
+
+
+@lru_cache(maxsize=4096)
+def matches_any(name: str, patterns: tuple[str, ...]) -> bool:
+    """Whether ``name`` matches one of the globs: every review asks again for the same few
+    resource names against the same patterns."""
+    return any(fnmatchcase(name, p) for p in patterns)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,8 +46,8 @@ class DeviceSchedulerConfig:
         return next((who for p, who in self.binders if fnmatchcase(resource, p)), None)
 
     def is_device(self, resource: str) -> bool:
-        return any(fnmatchcase(resource, p) for p in self.resources) or any(
-            fnmatchcase(resource, p) for p, _ in self.owners
+        return matches_any(resource, self.resources) or matches_any(
+            resource, tuple(p for p, _ in self.owners)
         )
 
     def configured_owner(self, resource: str) -> str | None:
@@ -68,8 +75,7 @@ class ReservationsConfig:
     coordinate: tuple[str, ...] | None = None  # None: deviceScheduler.resources
 
     def coordinated(self, resource: str, device_patterns: tuple[str, ...]) -> bool:
-        patterns = self.coordinate if self.coordinate is not None else device_patterns
-        return any(fnmatchcase(resource, p) for p in patterns)
+        return matches_any(resource, self.coordinate if self.coordinate is not None else device_patterns)
 
 
 @dataclass(frozen=True, slots=True)

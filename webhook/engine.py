@@ -44,6 +44,8 @@ class Decision:
     # in ``unchecked``); the others did. The caller answers those per failOpen.
     unreadable: FieldError | None = None
     unchecked: list[str] = field(default_factory=list)
+    # The pod the policies judged (its requests computed once), for callers that check it again.
+    pod: PodUnderReview | None = None
 
     @property
     def fix_notes(self) -> list[str]:
@@ -104,6 +106,7 @@ def evaluate(
     decision.allowed = not decision.violations
     decision.patch = patch or None
     decision.unreadable = review.unreadable if decision.unchecked else None
+    decision.pod = review.pod
     return decision
 
 
