@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from contextlib import contextmanager
 
 import pytest
 
@@ -207,48 +208,43 @@ def test_not_ready_until_both_lists_complete_and_node_checks_fail_open_with_the_
         informer.stop()
 
 
-def test_state_older_than_the_bound_is_not_trusted(server, cluster, tmp_path):
+@contextmanager
+def quiet_informer(server, cluster, tmp_path, max_age: float):
+    """A synced informer whose API server sends no bookmarks: only events keep it fresh."""
     cluster.bookmark_every = 60.0
     api = ApiServer.connect(kubeconfig=server.kubeconfig(tmp_path / "kubeconfig"))
-    informer = Informer(api, Timing(page_size=2, max_age=0.3)).start()
+    informer = Informer(api, Timing(page_size=2, max_age=max_age)).start()
     try:
         assert informer.wait_synced(10)
+        yield informer
+    finally:
+        informer.stop()
+
+
+def test_state_older_than_the_bound_is_not_trusted(server, cluster, tmp_path):
+    with quiet_informer(server, cluster, tmp_path, max_age=0.3) as informer:
         time.sleep(0.5)
         with informer.reading() as view:
             assert view.state is None and "old" in view.unavailable
         readiness = informer.readiness()
         assert not readiness.ready and "old" in readiness.reason  # /readyz answers 503 with it
-    finally:
-        informer.stop()
 
 
 def test_readiness_returns_once_the_stale_state_hears_from_the_api_server_again(server, cluster, tmp_path):
-    cluster.bookmark_every = 60.0
-    api = ApiServer.connect(kubeconfig=server.kubeconfig(tmp_path / "kubeconfig"))
-    informer = Informer(api, Timing(page_size=2, max_age=0.5)).start()
-    try:
-        assert informer.wait_synced(10)
+    with quiet_informer(server, cluster, tmp_path, max_age=0.5) as informer:
         assert eventually(lambda: not informer.readiness().ready)
         cluster.put("pods", pod("late", node_name="n0", requests={"cpu": "100m"}))
         cluster.put("nodes", node("n0", cpu="4", pods="10"))
         assert eventually(lambda: informer.readiness().ready, timeout=5)
-    finally:
-        informer.stop()
 
 
 def test_a_silent_node_watch_is_stale_even_while_pod_events_arrive(server, cluster, tmp_path):
-    cluster.bookmark_every = 60.0
-    api = ApiServer.connect(kubeconfig=server.kubeconfig(tmp_path / "kubeconfig"))
-    informer = Informer(api, Timing(page_size=2, max_age=0.5)).start()
-    try:
-        assert informer.wait_synced(10)
+    with quiet_informer(server, cluster, tmp_path, max_age=0.5) as informer:
         for n in range(8):  # pod events keep coming; nothing about nodes
             cluster.put("pods", pod(f"busy-{n}", node_name="n0", requests={"cpu": "10m"}))
             time.sleep(0.1)
         readiness = informer.readiness()
         assert not readiness.ready and "nothing heard of nodes" in readiness.reason
-    finally:
-        informer.stop()
 
 
 def test_the_backoff_starts_small_again_once_the_api_server_answers(server, cluster, tmp_path, caplog):

@@ -211,7 +211,7 @@ class BindGuard:
         who = (
             f"created with spec.nodeName by {req.user or 'an unknown user'}"
             if created
-            else (f"bound by {req.user or 'an unknown binder'}")
+            else f"bound by {req.user or 'an unknown binder'}"
         )
         then = (
             "Drop spec.nodeName to let the scheduler place it."
@@ -237,8 +237,8 @@ class BindGuard:
 
     def _exempt(self, namespace: str, req: AdmissionRequest) -> bool:
         """Excluded namespaces and the ``nodeAdmission`` exemptions, as the engine applies them."""
-        return namespace in self.config.excluded_namespaces or any(
-            e.covers(POLICY, namespace, req.user, req.groups) for e in self.config.exemptions
+        return namespace in self.config.excluded_namespaces or self.config.exempts(
+            POLICY, namespace, req.user, req.groups
         )
 
     def _coordinated(self, record: PodRecord) -> bool:

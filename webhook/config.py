@@ -142,6 +142,10 @@ class Config:
             "stormBreaker": self.storm_breaker.mode,
         }[policy]
 
+    def exempts(self, policy: str, namespace: str, user: str, groups: tuple[str, ...]) -> bool:
+        """Whether an exemption lifts ``policy`` for this namespace and requester."""
+        return any(e.covers(policy, namespace, user, groups) for e in self.exemptions)
+
 
 POLICY_NAMES = ("pinnedNodeName", "deviceScheduler", "nodeAdmission", "stormBreaker")
 

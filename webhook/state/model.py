@@ -216,15 +216,15 @@ def _inputs(spec: Mapping[str, Any], status: Mapping[str, Any]) -> tuple:
             for k in ("initContainerStatuses", "containerStatuses")
         ]
         statuses.append(resize_infeasible(status))
+    containers = [
+        [
+            (c.get("name"), c.get("restartPolicy"), c.get("resources"), c.get("ports"))
+            for c in spec.get(k) or ()
+        ]
+        for k in ("containers", "initContainers")
+    ]
     return (
-        [
-            (c.get("name"), c.get("restartPolicy"), c.get("resources"), c.get("ports"))
-            for c in spec.get("containers") or ()
-        ],
-        [
-            (c.get("name"), c.get("restartPolicy"), c.get("resources"), c.get("ports"))
-            for c in spec.get("initContainers") or ()
-        ],
+        containers,
         spec.get("resources"),
         spec.get("overhead"),
         statuses,

@@ -26,7 +26,7 @@ import fcntl
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -96,9 +96,8 @@ def counts(reservation: Reservation, state: ClusterState, now: float) -> bool:
     return record is None or not record.node
 
 
-def usage_with(usage: NodeUsage, reservations: Iterable[Reservation]) -> NodeUsage:
+def usage_with(usage: NodeUsage, reservations: list[Reservation]) -> NodeUsage:
     """The node's usage as if every reserved pod were already bound there."""
-    reservations = list(reservations)
     if not reservations:
         return usage
     requested = dict(usage.requested)
