@@ -16,7 +16,7 @@ import pytest
 from tests.builders import node, pod
 from tests.fake_apiserver import Cluster, FakeApiServer
 from tests.live_server import live_server, post_json
-from webhook.admission import parse_review
+from webhook.admission import VALIDATE, parse_review, review
 from webhook.binding import BindGuard
 from webhook.config import config_from_dict
 from webhook.server import create_app
@@ -215,6 +215,34 @@ def test_a_pod_created_with_node_name_reserves_like_a_bind(tmp_path):
     assert second["allowed"] is False and "Drop spec.nodeName" in second["status"]["message"]
 
 
+def test_a_mirror_pod_is_neither_rechecked_nor_reserved(tmp_path):
+    # The kubelet creates it for a static pod it already runs: refusing it changes nothing on
+    # the node, and its capacity must not be held twice until the watch shows it.
+    state = state_with(
+        node("n1", cpu="1"), pod("running", namespace="ml", node_name="n1", requests={"cpu": "1"})
+    )
+    client = client_for(state, tmp_path)
+    mirror = pod("etcd-n1", namespace="ml", node_name="n1", requests={"cpu": "1"})
+    mirror["metadata"]["annotations"] = {"kubernetes.io/config.mirror": "hash"}
+    assert answer(client, pod_create(mirror))["allowed"] is True
+    assert LocalTable(tmp_path / "reservations").entries("n1", time.monotonic() + 1) == []
+
+
+def test_a_pod_bound_between_the_engines_verdict_and_the_reservation_still_counts(tmp_path):
+    # The re-check is skipped only while the state is at the revision the engine judged it on.
+    state = state_with(node("n1", cpu="1"), pod("a", namespace="ml", requests={"cpu": "1"}))
+    guard = BindGuard(config_from_dict({}), LocalTable(tmp_path / "table"))
+    req = parse_review(
+        json.dumps(pod_create(pod("direct", namespace="ml", node_name="n1", requests={"cpu": "1"})))
+    )
+    outcome = review(req, VALIDATE, state, config_from_dict({}))
+    assert outcome.allowed
+    judged = (state, state.revision)
+    state.set_pod("uid-a", pod_record(pod("a", namespace="ml", node_name="n1", requests={"cpu": "1"})))
+    late = guard.review_created(req, FixedState(state), outcome, judged)
+    assert not late.allowed and late.reasons == ["OutOfcpu"]
+
+
 def test_the_api_server_down_means_allowed_with_a_warning_within_three_seconds(tmp_path):
     server = FakeApiServer(Cluster())
     api = ApiServer.connect(kubeconfig=server.kubeconfig(tmp_path / "kubeconfig"))
@@ -297,7 +325,7 @@ def test_a_replica_whose_watch_lags_counts_and_keeps_the_other_replicas_reservat
     )
     second = BindGuard(conf, LocalTable(table)).review(review_of(binding("b", "gpu-1")), FixedState(behind))
     assert not second.allowed and second.reasons == ["OutOfnvidia.com/gpu"]
-    assert [r["pod"] for r in json.loads((table / "gpu-1.json").read_text())] == ["uid-a"]
+    assert [r.pod for r in LocalTable(table).entries("gpu-1", time.monotonic() + 1)] == ["uid-a"]
 
 
 def test_a_bound_pods_reservation_stays_stored_for_replicas_that_have_not_seen_it_bound(tmp_path):
@@ -307,10 +335,10 @@ def test_a_bound_pods_reservation_stays_stored_for_replicas_that_have_not_seen_i
     assert guard.review(review_of(binding("a", "gpu-1")), FixedState(state)).allowed
     state.set_pod("uid-a", pod_record(gpu_pod("a", node_name="gpu-1")))
     assert guard.review(review_of(binding("b", "gpu-1")), FixedState(state)).allowed  # a counts once
-    assert [r["pod"] for r in json.loads((table / "gpu-1.json").read_text())] == ["uid-a", "uid-b"]
+    assert [r.pod for r in LocalTable(table).entries("gpu-1", time.monotonic() + 1)] == ["uid-a", "uid-b"]
     state.remove_pod("uid-a")  # deleted: its reservation ends everywhere it is seen ended
     assert guard.review(review_of(binding("c", "gpu-1")), FixedState(state)).allowed
-    assert [r["pod"] for r in json.loads((table / "gpu-1.json").read_text())] == ["uid-b", "uid-c"]
+    assert [r.pod for r in LocalTable(table).entries("gpu-1", time.monotonic() + 1)] == ["uid-b", "uid-c"]
 
 
 def test_exemptions_cover_binds_and_pods_created_with_node_name(tmp_path):
@@ -440,3 +468,46 @@ def test_the_reservation_table_keeps_a_bounded_number_of_files_open(tmp_path):
         again, lambda stored: seen.extend(stored) or True, lambda r: True, deadline=time.monotonic() + 1
     )
     assert [r.pod for r in seen] == ["uid-0"]  # a kept-open file still reads what was written
+
+
+def _reserve_from_threads(table: LocalTable, worker: int, capacity: int, results) -> None:
+    """One forked worker: four threads each try to take one of ``capacity`` slots on node-1."""
+
+    def decide(stored: list[Reservation]) -> bool:
+        time.sleep(0.002)  # a slow decision (one through a Lease is): the others must wait it out
+        return len(stored) < capacity
+
+    def attempt(thread: int) -> bool:
+        new = Reservation(f"uid-{worker}-{thread}", "node-1", {"cpu": 1}, (), time.time() + 30)
+        return table.reserve(new, decide, lambda r: True, deadline=time.monotonic() + 10)
+
+    with ThreadPoolExecutor(4) as pool:
+        results.put(sum(pool.map(attempt, range(4))))
+
+
+def test_workers_and_threads_racing_for_a_node_never_reserve_past_its_capacity(tmp_path):
+    import multiprocessing
+
+    table = LocalTable(tmp_path / "table")  # made before the fork, as gunicorn's workers get it
+    table.entries("node-1", time.monotonic() + 1)  # and used before it too
+    fork = multiprocessing.get_context("fork")
+    results = fork.Queue()
+    workers = [fork.Process(target=_reserve_from_threads, args=(table, w, 5, results)) for w in range(4)]
+    for worker in workers:
+        worker.start()
+    allowed = sum(results.get(timeout=30) for _ in workers)
+    for worker in workers:
+        worker.join(10)
+    assert allowed == 5
+    assert len(table.entries("node-1", time.monotonic() + 1)) == 5
+
+
+def test_the_reservation_table_grows_past_its_first_page_and_reads_back_from_another_worker(tmp_path):
+    writer, reader = LocalTable(tmp_path / "table"), LocalTable(tmp_path / "table")
+    assert reader.entries("node-1", time.monotonic() + 1) == []  # mapped while the file is small
+    for n in range(200):  # ~100 bytes an entry: several pages
+        new = Reservation(f"uid-{n:03}", "node-1", {"cpu": 1}, (("TCP", "", 8000 + n),), time.time() + 30)
+        assert writer.reserve(new, lambda stored: True, lambda r: True, deadline=time.monotonic() + 1)
+    assert [r.pod for r in reader.entries("node-1", time.monotonic() + 1)] == [
+        f"uid-{n:03}" for n in range(200)
+    ]

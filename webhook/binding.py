@@ -24,7 +24,7 @@ from .checks import Failure, PodUnderReview, kubelet_admission
 from .config import Config
 from .engine import Decision, Violation
 from .state.apiserver import ApiError
-from .state.model import Node, PodRecord
+from .state.model import MIRROR_ANNOTATION, ClusterState, Node, PodRecord
 from .state.reservations import (
     DeadlineExceeded,
     LeaseStore,
@@ -45,6 +45,10 @@ POD_UNKNOWN, STATE_UNAVAILABLE, NODE_UNKNOWN, API_ERROR, DEADLINE = (
     "api-error",
     "deadline",
 )
+
+
+# The state a verdict was reached on, and its revision then.
+Judged = tuple[ClusterState, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,14 +128,24 @@ class BindGuard:
         pod = PodUnderReview(record.pending.metadata, record.pending.spec, record)
         return self._reserve_or_deny(outcome, source, pod, node, req, pod_name, mode, deadline, created=False)
 
-    def review_created(self, req: AdmissionRequest, source: StateSource, outcome: Outcome) -> Outcome:
+    def review_created(
+        self, req: AdmissionRequest, source: StateSource, outcome: Outcome, judged: Judged | None = None
+    ) -> Outcome:
         """A pod CREATE with ``spec.nodeName`` the engine allowed: re-check it against the
-        reservations of in-flight binds and reserve its capacity the same way."""
+        reservations of in-flight binds and reserve its capacity the same way.
+
+        ``judged``: the state and its revision the engine's verdict was reached at. While the
+        node holds no reservation and the state is still at that revision, the re-check could
+        only repeat that verdict, so it is not run again.
+        """
         deadline = time.monotonic() + self.config.node_admission.reservations.deadline_seconds
-        spec = (req.obj or {}).get("spec")
+        obj = req.obj or {}
+        spec = obj.get("spec")
         node_name = spec.get("nodeName") if isinstance(spec, Mapping) else None
         if not node_name or not outcome.allowed or req.dry_run or req.kind != "Pod":
             return outcome
+        if _is_mirror(obj):
+            return outcome  # the kubelet's record of a static pod it already runs
         mode = self.config.node_admission.mode
         if mode == "off" or self._exempt(req.namespace, req):
             return outcome
@@ -143,7 +157,9 @@ class BindGuard:
         if pod is None:
             return outcome  # the engine already answered for unreadable fields
         name = f"pod {req.namespace}/{req.name}"
-        return self._reserve_or_deny(outcome, source, pod, node, req, name, mode, deadline, created=True)
+        return self._reserve_or_deny(
+            outcome, source, pod, node, req, name, mode, deadline, created=True, judged=judged
+        )
 
     # -- the decision, inside the stores' read-check-write ------------------------------
 
@@ -159,6 +175,7 @@ class BindGuard:
         deadline: float,
         *,
         created: bool,
+        judged: Judged | None = None,
     ) -> Outcome:
         settings = self.config.node_admission.reservations
         now = self.clock()
@@ -176,6 +193,8 @@ class BindGuard:
                     raise _StateGone(view.unavailable or "no state")
                 dropped.update(r.pod for r in entries if not kept(r, view.state, now))
                 held = [r for r in entries if counts(r, view.state, now)]
+                if not held and judged is not None and judged == (view.state, view.state.revision):
+                    return True  # the engine's verdict, on the same state
                 usage = usage_with(view.state.usage(node.name), held)
                 failures[:] = kubelet_admission(pod, node, usage, unsafe)
             return not failures or mode in ("warn", "audit")
@@ -289,3 +308,9 @@ def _deny(
         allowed=False, violations=[Violation(POLICY, r, message, node) for r in outcome.reasons]
     )
     return outcome
+
+
+def _is_mirror(obj: Mapping) -> bool:
+    metadata = obj.get("metadata")
+    annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
+    return isinstance(annotations, Mapping) and MIRROR_ANNOTATION in annotations

@@ -85,12 +85,13 @@ def create_app(
             else:
                 with source.reading() as view:
                     outcome = admission.review(req, endpoint, view.state, config, view.unavailable, now)
+                    judged = (view.state, view.state.revision) if view.state is not None else None
                     if endpoint == VALIDATE:
                         _admit_storm_probe(view.state, req, outcome, now)
                     if view.state is not None:
                         metrics.observe_storm_now_and_then(view.state.storm)
-                if endpoint == VALIDATE and bind_guard is not None:
-                    outcome = bind_guard.review_created(req, source, outcome)  # round trips: no lock held
+                if endpoint == VALIDATE and bind_guard is not None:  # round trips: no lock held
+                    outcome = bind_guard.review_created(req, source, outcome, judged)
         except Exception as err:  # a bug must not become a 500 on the path of every pod
             logging.getLogger(__name__).exception("review %s failed", req.uid)
             outcome = admission.unchecked(req, endpoint, f"internal error ({type(err).__name__})", config)

@@ -283,7 +283,16 @@ def _list(obj: Mapping[str, Any], key: str, field: str) -> list[Any]:
 class ClusterState:
     """Nodes, active pods and their aggregates; mutated only through the methods below."""
 
-    __slots__ = ("_device_schedulers", "_pending_names", "_usage", "ended", "nodes", "pods", "storm")
+    __slots__ = (
+        "_device_schedulers",
+        "_pending_names",
+        "_usage",
+        "ended",
+        "nodes",
+        "pods",
+        "revision",
+        "storm",
+    )
 
     def __init__(self, storm: StormBreakers | None = None) -> None:
         self.storm = storm  # per-owner admission rejections, when a source records them
@@ -295,6 +304,8 @@ class ClusterState:
         self.pods: dict[str, PodRecord] = {}
         self._usage: dict[str, NodeUsage] = {}
         self._device_schedulers: dict[str, Counter[str]] = {}
+        # Bumped by every change: a verdict reached at one revision holds at that revision.
+        self.revision = 0
 
     def find_pod(self, uid: str, namespace: str, name: str) -> PodRecord | None:
         """A pod by uid (live state), else a pending pod by namespace and name."""
@@ -314,9 +325,11 @@ class ClusterState:
 
     def set_node(self, node: Node) -> None:
         self.nodes[node.name] = node
+        self.revision += 1
 
     def remove_node(self, name: str) -> None:
         self.nodes.pop(name, None)
+        self.revision += 1
 
     def set_pod(self, key: str, record: PodRecord | None) -> None:
         """Add, replace, or (with ``None``, a terminal pod) remove the pod stored under ``key``."""
@@ -325,6 +338,7 @@ class ClusterState:
         if record is None:
             self.remove_pod(key)
             return
+        self.revision += 1
         if record.key == key:
             key = record.key  # one string for the record and the keys it is filed under
         self._unindex(key)
@@ -348,6 +362,7 @@ class ClusterState:
     def remove_pod(self, key: str) -> None:
         """The pod was deleted or ended: it holds nothing, and its reservations end."""
         self._unindex(key)
+        self.revision += 1
         self.ended[key] = None
         if len(self.ended) > ENDED_KEYS:
             del self.ended[next(iter(self.ended))]

@@ -4,9 +4,9 @@ Between an allowed bind and the watch event that shows the pod on its node, anot
 not be handed the same capacity: not by another thread, another gunicorn worker, or another
 replica of the guard. Two stores, both "read, re-check, write":
 
-- ``LocalTable``: one file per node in a directory the workers of one replica share (the pod's
-  ``/tmp``), under ``flock``. Enough for pods whose resources only this replica's binds race
-  for in practice (cpu, memory), and no API writes.
+- ``LocalTable``: one memory-mapped file per node in a directory the workers of one replica
+  share (the pod's ``/tmp``), under ``flock``. Enough for pods whose resources only this
+  replica's binds race for in practice (cpu, memory), and no API writes.
 - ``LeaseStore``: one ``coordination.k8s.io/v1`` Lease per node in the guard's namespace,
   holding that node's reservations in an annotation, replaced with its ``resourceVersion``:
   a 409 means another writer won, so read again and re-check. The API server (etcd) is the
@@ -22,8 +22,12 @@ when the pod ended or the TTL passed, since another worker's or replica's watch 
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import fcntl
+import mmap
 import os
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -126,14 +130,21 @@ class DeadlineExceeded(Exception):
 
 
 class LocalTable:
-    """Reservations shared by the workers of one replica: a flock'ed file per node.
+    """Reservations shared by the workers of one replica: a memory-mapped file per node, under
+    ``flock``.
 
-    Threads of one worker queue on a lock of their own first (a timed wait, no polling), so
-    only the other workers' holds are waited out on the file lock. Each worker keeps the files
-    of up to ``OPEN_FILES`` nodes open: the fewer system calls inside the hold, the fewer
-    chances for another thread to take the interpreter for a whole switch interval while the
-    node is locked. Files opened before a fork are never used after it: ``flock`` would not
-    keep the processes apart on a shared open file.
+    The file holds a header (a generation, bumped on every write, and the length) and the
+    entries as JSON. Each worker keeps the entries it last read or wrote with their generation,
+    so a node whose last write was its own is decided without parsing. Threads of one worker
+    queue on a lock of their own first (a timed wait, no polling), so only the other workers'
+    holds are waited out on the file lock. Inside the hold nothing gives up the interpreter: the
+    file is read and written through its mapping, and the lock is taken without blocking
+    (``_try_flock``). A thread that released the interpreter there would hand it to another
+    thread for a whole switch interval while the node stays locked for every worker; measured
+    under load, that convoy cost more than the rest of the table together. Files only grow, so
+    a mapping never points past the end of its file. Each worker keeps up to ``OPEN_FILES``
+    descriptors (a file and its mapping's) open; files opened before a fork are never used
+    after it: ``flock`` would not keep the processes apart on a shared open file.
     """
 
     OPEN_FILES = 128
@@ -143,7 +154,7 @@ class LocalTable:
         self.directory.mkdir(parents=True, exist_ok=True)
         self._pid = os.getpid()
         self._locks: dict[str, threading.Lock] = {}
-        self._files: dict[str, int] = {}  # node → open file, only while its lock is held to use it
+        self._files: dict[str, _TableFile] = {}  # node → open file, used only under its lock
         self._guard = threading.Lock()
 
     def reserve(
@@ -151,31 +162,35 @@ class LocalTable:
     ) -> bool:
         """Raises ``DeadlineExceeded`` when another thread or worker holds the node's lock past
         the deadline, ``OSError`` when the table cannot be read or written."""
-        path = self.directory / f"{new.node}.json"
         lock = self._lock(new.node)
         if not lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
-            raise DeadlineExceeded(f"waiting for the lock of {path}")
+            raise DeadlineExceeded(f"waiting for the lock of {self._path(new.node)}")
         try:
-            fd = self._files.get(new.node)
-            if fd is None:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            table = self._files.get(new.node) or _TableFile(self._path(new.node))
             try:
-                _flock(fd, deadline, path)
+                _flock(table.fd, deadline, table.path)
                 try:
-                    data = _read_all(fd)
-                    stored = _entries(data)
+                    stored = table.read()
                     fits = decide(stored)
                     if fits and write:
-                        _overwrite(
-                            fd, orjson.dumps([r.as_json() for r in _after(stored, new, keep)]), len(data)
-                        )
+                        table.write(_after(stored, new, keep))
                     return fits
                 finally:
-                    fcntl.flock(fd, fcntl.LOCK_UN)
+                    _unlock(table.fd)
             finally:
-                self._keep_open(new.node, fd)
+                self._keep_open(new.node, table)
         finally:
             lock.release()
+
+    def entries(self, node: str, deadline: float) -> list[Reservation]:
+        """What the table holds for ``node`` (all of it: the caller judges what still counts)."""
+        seen: list[Reservation] = []
+        probe = Reservation("", node, {}, (), 0.0)
+        self.reserve(probe, lambda stored: seen.extend(stored) or False, bool, write=False, deadline=deadline)
+        return seen
+
+    def _path(self, node: str) -> Path:
+        return self.directory / f"{node}.table"
 
     def _lock(self, node: str) -> threading.Lock:
         with self._guard:
@@ -186,49 +201,115 @@ class LocalTable:
                 lock = self._locks[node] = threading.Lock()
             return lock
 
-    def _keep_open(self, node: str, fd: int) -> None:
+    def _keep_open(self, node: str, table: _TableFile) -> None:
         """Called holding the node's lock: keep its file open while there is room, else close it."""
         with self._guard:
-            if self._files.get(node) == fd or len(self._files) < self.OPEN_FILES:
-                self._files[node] = fd
+            if self._files.get(node) is table or 2 * len(self._files) < self.OPEN_FILES:
+                self._files[node] = table
                 return
-        os.close(fd)
+        table.close()
+
+
+_HEADER = struct.Struct("<QQ")  # generation, length of the JSON that follows
+_MIN_FILE = 4096
+
+
+class _TableFile:
+    """One node's file, mapped; the entries last read or written, with their generation."""
+
+    __slots__ = ("entries", "fd", "generation", "map", "path")
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        self.map: mmap.mmap | None = None
+        self.generation = -1
+        self.entries: list[Reservation] = []
+
+    def read(self) -> list[Reservation]:
+        """Under the file lock. Unparsed unless another worker wrote since this one last looked."""
+        table = self._mapping(_HEADER.size)
+        generation, length = _HEADER.unpack_from(table)
+        if generation != self.generation:
+            table = self._mapping(_HEADER.size + length)
+            self.entries = _entries(table[_HEADER.size : _HEADER.size + length])
+            self.generation = generation
+        return self.entries
+
+    def write(self, entries: list[Reservation]) -> None:
+        """Under the file lock, after ``read``."""
+        data = orjson.dumps([r.as_json() for r in entries])
+        table = self._mapping(_HEADER.size + len(data))
+        table[_HEADER.size : _HEADER.size + len(data)] = data
+        _HEADER.pack_into(table, 0, self.generation + 1, len(data))
+        self.generation += 1
+        self.entries = entries
+
+    def _mapping(self, size: int) -> mmap.mmap:
+        """A mapping of at least ``size`` bytes: the file grows (doubling) when it is shorter."""
+        if self.map is not None and len(self.map) >= size:
+            return self.map
+        length = os.fstat(self.fd).st_size
+        if length < size:
+            length = max(_MIN_FILE, 1 << (size - 1).bit_length())
+            os.ftruncate(self.fd, length)
+        if self.map is not None:
+            self.map.close()
+        self.map = mmap.mmap(self.fd, length)
+        return self.map
+
+    def close(self) -> None:
+        if self.map is not None:
+            self.map.close()
+        os.close(self.fd)
+
+
+def _libc_flock() -> Callable[[int, int], int] | None:
+    """``flock(2)`` called with the interpreter held (``PyDLL``): ``fcntl.flock`` releases it
+    even for a non-blocking attempt. ``None`` where the C library cannot be loaded."""
+    try:
+        call = ctypes.PyDLL(None, use_errno=True).flock
+    except (OSError, AttributeError):
+        return None
+    call.argtypes, call.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    return call
+
+
+_LIBC_FLOCK = _libc_flock()
+
+
+def _try_flock(fd: int) -> bool:
+    if _LIBC_FLOCK is None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            return False
+    if _LIBC_FLOCK(fd, fcntl.LOCK_EX | fcntl.LOCK_NB) == 0:
+        return True
+    error = ctypes.get_errno()
+    if error in (errno.EWOULDBLOCK, errno.EINTR):
+        return False
+    raise OSError(error, os.strerror(error))
+
+
+def _unlock(fd: int) -> None:
+    if _LIBC_FLOCK is None or _LIBC_FLOCK(fd, fcntl.LOCK_UN) != 0:
+        fcntl.flock(fd, fcntl.LOCK_UN)
 
 
 def _flock(fd: int, deadline: float, path: Path) -> None:
     """The file lock another worker may hold for its own decision (bounded by its deadline)."""
-    pause = 0.0001
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                raise DeadlineExceeded(f"waiting for the lock of {path}") from None
-            time.sleep(pause)
-            pause = min(2 * pause, 0.002)
+    pause = 0.00005
+    while not _try_flock(fd):
+        if time.monotonic() >= deadline:
+            raise DeadlineExceeded(f"waiting for the lock of {path}")
+        time.sleep(pause)
+        pause = min(2 * pause, 0.002)
 
 
 def _after(stored: list[Reservation], new: Reservation, keep: Keep) -> list[Reservation]:
     return [*(r for r in stored if r.pod != new.pod and keep(r)), new]
-
-
-def _overwrite(fd: int, data: bytes, old_size: int) -> None:
-    """Write in place, and cut the file only when it shrinks: truncating to zero and writing
-    again frees and allocates its blocks on every decision (a third of the table's time on ext4)."""
-    os.pwrite(fd, data, 0)
-    if old_size > len(data):
-        os.ftruncate(fd, len(data))
-
-
-def _read_all(fd: int) -> bytes:
-    data = os.pread(fd, 65536, 0)
-    if len(data) < 65536:
-        return data  # one system call for the usual few entries
-    chunks = [data]
-    while chunk := os.pread(fd, 65536, sum(map(len, chunks))):
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def _entries(data: bytes | str | None) -> list[Reservation]:
