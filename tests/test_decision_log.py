@@ -4,7 +4,7 @@ import io
 import logging
 import threading
 
-from webhook.decision_log import BackgroundLines, flush_decision_lines, log_lines_in_background
+from webhook.decision_log import BackgroundLines, flush_decision_lines, line_writer, log_lines_in_background
 
 
 def _logger(name: str, stream) -> logging.Logger:
@@ -124,3 +124,15 @@ def test_lines_logged_while_flushing_are_all_written_and_no_flush_waits_out_its_
     flush_decision_lines(logger)
     assert time.monotonic() - started < 5
     assert sorted(int(line[6:-1]) for line in stream.getvalue().splitlines()) == list(range(20_000))
+
+
+def test_a_line_goes_straight_to_the_writers_queue_only_when_it_is_the_loggers_one_handler():
+    stream = io.StringIO()
+    logger = _logger("straight", stream)
+    write = line_writer(logger)
+    assert write == logger.handlers[0].line  # no LogRecord built
+    write('{"n": 1}')
+    flush_decision_lines(logger)
+    assert stream.getvalue() == '{"n": 1}\n'
+    logger.addHandler(logging.NullHandler())  # someone else listens too: through logging
+    assert line_writer(logger) == logger.info

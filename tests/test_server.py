@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import io
 import json
 import logging
 from pathlib import Path
@@ -213,6 +214,45 @@ def test_body_over_the_limit_gets_413():
 def test_unknown_paths_and_methods_answer_json_errors(client):
     assert client.get("/nope").get_json()["code"] == 404
     assert client.get("/validate").get_json()["code"] == 405
+
+
+def test_admission_paths_answer_only_post_and_say_so():
+    app = make_client().application
+    for method in ("GET", "PUT", "DELETE"):
+        status, headers, body = _call(app, "/mutate", b"", method=method)
+        assert status.startswith("405") and ("Allow", "POST") in headers and json.loads(body)["code"] == 405
+
+
+def test_a_chunked_review_is_read_to_its_end_and_judged():
+    body = json.dumps(example("incident-1-pinned-deployment")).encode()
+    status, _, answer = _call(make_client().application, "/validate", body, length=None, terminated=True)
+    assert status.startswith("200") and json.loads(answer)["response"]["allowed"] is False
+
+
+def test_a_chunked_review_over_the_limit_gets_413():
+    app = make_client(max_body_bytes=4096).application
+    status, _, answer = _call(app, "/validate", b"x" * 5000, length=None, terminated=True)
+    assert status.startswith("413") and "4096" in json.loads(answer)["error"]
+
+
+def test_a_body_whose_end_the_server_does_not_know_is_not_read():
+    # Neither a Content-Length nor an end from the server: reading could wait forever.
+    body = json.dumps(example("good-deployment")).encode()
+    status, _, answer = _call(make_client().application, "/validate", body, length=None, terminated=False)
+    assert status.startswith("400") and "not JSON" in json.loads(answer)["error"]
+
+
+def _call(app, path: str, body: bytes, *, method="POST", length: int | None = -1, terminated=False):
+    """One WSGI call, with the framing a server might give (``length=None``: no Content-Length)."""
+    environ = {"REQUEST_METHOD": method, "PATH_INFO": path, "SCRIPT_NAME": "", "QUERY_STRING": "",
+               "SERVER_NAME": "guard", "SERVER_PORT": "8443", "SERVER_PROTOCOL": "HTTP/1.1",
+               "wsgi.url_scheme": "https", "wsgi.input": io.BytesIO(body), "wsgi.errors": io.StringIO(),
+               "wsgi.input_terminated": terminated}  # fmt: skip
+    if length is not None:
+        environ["CONTENT_LENGTH"] = str(len(body) if length < 0 else length)
+    started: list = []
+    answer = b"".join(app(environ, lambda status, headers: started.extend((status, headers))))
+    return started[0], started[1], answer
 
 
 def test_health_and_readiness(client):

@@ -13,14 +13,15 @@ import sys
 import time
 
 import orjson
-from flask import Flask, Response, request
+from flask import Flask, Response
 from werkzeug.exceptions import HTTPException
 
 from . import admission
 from .admission import MUTATE, VALIDATE, AdmissionRequest, Outcome, ReviewError
 from .binding import BindGuard, binding_target, is_binding
 from .config import Config
-from .decision_log import BackgroundLines, flush_decision_lines, log_lines_in_background
+from .decision_log import BackgroundLines, flush_decision_lines, line_writer, log_lines_in_background
+from .endpoints import AdmissionEndpoints, error_body
 from .kube.rejection import controller_owner
 from .metrics import Metrics
 from .state.source import StateSource
@@ -29,8 +30,6 @@ SOURCE_EXTENSION = "admit_guard.state_source"
 AUDIT_EXTENSION = "admit_guard.periodic_audit"
 DEFAULT_MAX_BODY = 3 * 1024 * 1024  # the apiserver's own request limit is 3 MiB
 DECISION_LOG = "admit_guard.decision"
-# An unread body makes the socket close with a reset, and the client never sees the 413.
-DRAIN_LIMIT = 16 * 1024 * 1024
 
 
 def create_app(
@@ -50,7 +49,7 @@ def create_app(
     app.config["MAX_CONTENT_LENGTH"] = max_body_bytes
     app.extensions[SOURCE_EXTENSION] = source  # gunicorn's worker_exit closes it
     metrics = Metrics()
-    log = logging.getLogger(DECISION_LOG)
+    log_line = line_writer(logging.getLogger(DECISION_LOG))
     if audit_interval:
         from .periodic_audit import PeriodicAudit
 
@@ -58,22 +57,20 @@ def create_app(
             source, config, metrics.audit, audit_interval, source_name
         ).start()
 
-    def answer(endpoint: str) -> Response:
+    def answer(endpoint: str, body: bytes) -> tuple[int, bytes]:
         started = time.perf_counter()
         try:
-            req = admission.parse_review(request.get_data())
+            req = admission.parse_review(body)
             binding = is_binding(req)
             if binding:
                 binding_target(req)  # a malformed Binding is the body's problem: 400
         except ReviewError as err:
             metrics.count_bad_request(endpoint, 400)
-            return _error(400, str(err))
-        except HTTPException:
-            raise
+            return 400, error_body(400, str(err))
         except Exception as err:  # a parser bug is still the body's problem, never a 500
             logging.getLogger(__name__).exception("unreadable AdmissionReview")
             metrics.count_bad_request(endpoint, 400)
-            return _error(400, f"unreadable AdmissionReview ({type(err).__name__})")
+            return 400, error_body(400, f"unreadable AdmissionReview ({type(err).__name__})")
         try:
             now = time.time()
             if binding:
@@ -97,18 +94,13 @@ def create_app(
             outcome = admission.unchecked(req, endpoint, f"internal error ({type(err).__name__})", config)
         latency = time.perf_counter() - started
         _record(metrics, endpoint, outcome, latency)
-        if log.isEnabledFor(logging.INFO):
-            log.info(_log_line(endpoint, outcome, latency))
+        log_line(_log_line(endpoint, outcome, latency))
         metrics.observe_state_now_and_then(source.readiness, source_name)
-        return Response(outcome.body(), mimetype="application/json")
+        return 200, outcome.body()
 
-    @app.post("/validate")
-    def validate() -> Response:
-        return answer(VALIDATE)
-
-    @app.post("/mutate")
-    def mutate() -> Response:
-        return answer(MUTATE)
+    app.wsgi_app = AdmissionEndpoints(
+        app.wsgi_app, answer, max_body_bytes, lambda endpoint: metrics.count_bad_request(endpoint, 413)
+    )
 
     @app.get("/healthz")
     def healthz() -> Response:
@@ -136,11 +128,7 @@ def create_app(
 
     @app.errorhandler(HTTPException)
     def http_error(err: HTTPException) -> Response:
-        if err.code == 413 and request.path in ("/validate", "/mutate"):
-            metrics.count_bad_request(request.path.lstrip("/"), 413)
-            _drain(request.environ.get("wsgi.input"), min(request.content_length or 0, DRAIN_LIMIT))
-            return _error(413, f"request body is larger than the {max_body_bytes}-byte limit")
-        return _error(err.code or 500, err.description or err.name)
+        return _json(err.code or 500, {"error": err.description or err.name, "code": err.code or 500})
 
     return app
 
@@ -226,19 +214,6 @@ def log_events_to_stderr(level: str) -> logging.Handler:
 def flush_decisions() -> None:
     """Write the decision lines still queued (a worker is exiting)."""
     flush_decision_lines(logging.getLogger(DECISION_LOG))
-
-
-def _drain(stream, remaining: int) -> None:
-    """Read and drop ``remaining`` bytes of the request body (less if it ends early)."""
-    while stream is not None and remaining > 0:
-        chunk = stream.read(min(remaining, 65536))
-        if not chunk:
-            break
-        remaining -= len(chunk)
-
-
-def _error(code: int, message: str) -> Response:
-    return _json(code, {"error": message, "code": code})
 
 
 def _json(code: int, body: dict) -> Response:
