@@ -2,8 +2,8 @@
 
 An admission endpoint is one POST of JSON in and JSON out, on the path of every pod the
 cluster creates. Flask's request machinery (request context, URL adapter, signals, response
-object) cost about 50 µs a request in-process, more than the guard's own decision on a Deployment,
-and an admission call needs none of it. So these two paths are answered here, installed as
+object) cost about 50 µs a request in-process, more than most of the guard's decisions, and an
+admission call needs none of it. So these two paths are answered here, installed as
 the app's ``wsgi_app`` (Flask's own middleware hook: the test client and gunicorn both go
 through it), and every other path is left to Flask.
 """
@@ -11,9 +11,12 @@ through it), and every other path is left to Flask.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from http import HTTPStatus
 from typing import Any
 
 import orjson
+
+from .admission import MUTATE, VALIDATE
 
 # ``answer(endpoint, body) -> (status, JSON body)``: the decision, whatever the body holds.
 Answer = Callable[[str, bytes], tuple[int, bytes]]
@@ -21,7 +24,7 @@ WSGIApp = Callable[[dict[str, Any], Callable], Iterable[bytes]]
 
 # An unread body makes the socket close with a reset, and the client never sees the 413.
 DRAIN_LIMIT = 16 * 1024 * 1024
-_STATUS = {200: "200 OK", 400: "400 Bad Request", 405: "405 Method Not Allowed", 413: "413 Payload Too Large"}
+_STATUS_LINES = {status.value: f"{status.value} {status.phrase}" for status in HTTPStatus}
 
 
 class AdmissionEndpoints:
@@ -37,7 +40,7 @@ class AdmissionEndpoints:
         self.answer = answer
         self.max_body_bytes = max_body_bytes
         self.too_large = too_large
-        self.paths = {"/validate": "validate", "/mutate": "mutate"}
+        self.paths = {"/validate": VALIDATE, "/mutate": MUTATE}
 
     def __call__(self, environ: dict[str, Any], start_response: Callable) -> Iterable[bytes]:
         endpoint = self.paths.get(environ.get("PATH_INFO", ""))
@@ -48,11 +51,8 @@ class AdmissionEndpoints:
         body = self._body(environ)
         if body is None:
             self.too_large(endpoint)
-            return _reply(
-                start_response,
-                413,
-                error_body(413, f"request body is larger than the {self.max_body_bytes}-byte limit"),
-            )
+            message = f"request body is larger than the {self.max_body_bytes}-byte limit"
+            return _reply(start_response, 413, error_body(413, message))
         status, answer = self.answer(endpoint, body)
         return _reply(start_response, status, answer)
 
@@ -85,11 +85,12 @@ def _reply(
     start_response: Callable, status: int, body: bytes, extra: list[tuple[str, str]] | None = None
 ) -> list[bytes]:
     headers = [("Content-Type", "application/json"), ("Content-Length", str(len(body))), *(extra or ())]
-    start_response(_STATUS.get(status, f"{status} Error"), headers)
+    start_response(_STATUS_LINES[status], headers)
     return [body]
 
 
 def error_body(code: int, message: str) -> bytes:
+    """What every error answer of the guard holds: ``{"error": ..., "code": ...}``."""
     return orjson.dumps({"error": message, "code": code})
 
 

@@ -128,7 +128,10 @@ def create_app(
 
     @app.errorhandler(HTTPException)
     def http_error(err: HTTPException) -> Response:
-        return _json(err.code or 500, {"error": err.description or err.name, "code": err.code or 500})
+        code = err.code or 500
+        return Response(
+            error_body(code, err.description or err.name), status=code, mimetype="application/json"
+        )
 
     return app
 
