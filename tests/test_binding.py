@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -511,3 +512,18 @@ def test_the_reservation_table_grows_past_its_first_page_and_reads_back_from_ano
     assert [r.pod for r in reader.entries("node-1", time.monotonic() + 1)] == [
         f"uid-{n:03}" for n in range(200)
     ]
+
+
+def test_a_table_whose_header_claims_more_than_the_file_holds_is_read_as_empty_and_rewritten(tmp_path):
+    table = LocalTable(tmp_path / "table")
+    first = Reservation("uid-a", "node-1", {"cpu": 1}, (), time.time() + 30)
+    assert table.reserve(first, lambda stored: True, lambda r: True, deadline=time.monotonic() + 1)
+    with open(tmp_path / "table" / "node-1.table", "r+b") as damaged:
+        damaged.write(struct.pack("<QQ", 7, 2**62))  # a generation no worker wrote, an absurd length
+    assert LocalTable(tmp_path / "table").entries("node-1", time.monotonic() + 1) == []
+    second = Reservation("uid-b", "node-1", {"cpu": 1}, (), time.time() + 30)
+    assert table.reserve(second, lambda stored: True, lambda r: True, deadline=time.monotonic() + 1)
+    assert [r.pod for r in LocalTable(tmp_path / "table").entries("node-1", time.monotonic() + 1)] == [
+        "uid-b"
+    ]
+    assert (tmp_path / "table" / "node-1.table").stat().st_size == 4096  # never grown to the claim

@@ -231,8 +231,9 @@ class _TableFile:
         table = self._mapping(_HEADER.size)
         generation, length = _HEADER.unpack_from(table)
         if generation != self.generation:
-            table = self._mapping(_HEADER.size + length)
-            self.entries = _entries(table[_HEADER.size : _HEADER.size + length])
+            table = self._mapping(_HEADER.size + length, grow=False)
+            # A length past the end of the file is damage: it holds nothing (and is not grown to).
+            self.entries = _entries(table[_HEADER.size : _HEADER.size + length]) if table else []
             self.generation = generation
         return self.entries
 
@@ -245,12 +246,15 @@ class _TableFile:
         self.generation += 1
         self.entries = entries
 
-    def _mapping(self, size: int) -> mmap.mmap:
-        """A mapping of at least ``size`` bytes: the file grows (doubling) when it is shorter."""
+    def _mapping(self, size: int, *, grow: bool = True) -> mmap.mmap | None:
+        """A mapping of at least ``size`` bytes: the file grows (doubling) when it is shorter,
+        or, without ``grow``, ``None``."""
         if self.map is not None and len(self.map) >= size:
             return self.map
         length = os.fstat(self.fd).st_size
         if length < size:
+            if not grow:
+                return None
             length = max(_MIN_FILE, 1 << (size - 1).bit_length())
             os.ftruncate(self.fd, length)
         if self.map is not None:
