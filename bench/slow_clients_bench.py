@@ -77,8 +77,9 @@ def trickle(server: LiveServer, stop: threading.Event, tls_first: bool) -> None:
         pass
 
 
-def normal_client(server: LiveServer, seconds: float) -> tuple[list[float], int, int]:
-    """Open loop at RATE req/s on one keep-alive connection; (latencies, answered, errors)."""
+def normal_client(server: LiveServer, seconds: float) -> tuple[list[float], int, int, float]:
+    """Open loop at RATE req/s on one keep-alive connection; (latencies, answered, errors, and
+    the seconds it took: a client stalled by the server falls behind its schedule)."""
     latencies, errors = [], 0
     conn = None
     start = time.perf_counter()
@@ -100,7 +101,7 @@ def normal_client(server: LiveServer, seconds: float) -> tuple[list[float], int,
             if conn is not None:
                 conn.close()
             conn = None
-    return latencies, len(latencies), errors
+    return latencies, len(latencies), errors, time.perf_counter() - start
 
 
 def run(worker_class: str, workdir: Path) -> str:
@@ -119,7 +120,7 @@ def run(worker_class: str, workdir: Path) -> str:
         for thread in slow:
             thread.start()
         time.sleep(1.0)
-        latencies, answered, errors = normal_client(server, SECONDS)
+        latencies, answered, errors, took = normal_client(server, SECONDS)
         stop.set()
         for thread in slow:
             thread.join(10)
@@ -132,7 +133,7 @@ def run(worker_class: str, workdir: Path) -> str:
     p99 = latencies[int(len(latencies) * 0.99) - 1] * 1000 if latencies else float("nan")
     sent = int(SECONDS * RATE)
     return (
-        f"{worker_class:32} answered {answered}/{sent} ({answered / SECONDS:.1f} req/s), "
+        f"{worker_class:32} answered {answered}/{sent} in {took:.0f} s ({answered / took:.1f} req/s), "
         f"errors {errors}, p50 {p50:.1f} ms, p99 {p99:.1f} ms"
     )
 
