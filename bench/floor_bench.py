@@ -183,22 +183,27 @@ def _wait_workers_idle(master: int, workers: int, timeout: float = 20.0) -> None
     and the load generator's connections all land on a worker that is alone, which then
     serves at half the rate (one core) for the whole run."""
     deadline = time.monotonic() + timeout
-    children = Path(f"/proc/{master}/task/{master}/children")
     last: dict[str, int] = {}
     while time.monotonic() < deadline:
-        pids = children.read_text().split() if children.exists() else []
-        busy = {}
-        for pid in pids:
-            try:
-                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            busy[pid] = int(fields[11]) + int(fields[12])  # utime + stime, in ticks
+        busy = _cpu_ticks_of_children(master)
         if len(busy) >= workers and busy == last:
             return  # no worker used the CPU for a while: all booted
         last = busy
         time.sleep(0.3)
     print(f"floor_bench: workers of {master} not idle after {timeout} s; measuring anyway", flush=True)
+
+
+def _cpu_ticks_of_children(parent: int) -> dict[str, int]:
+    """utime + stime of each child process of ``parent``, from /proc."""
+    ticks = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile
+        if int(fields[1]) == parent:
+            ticks[stat.parent.name] = int(fields[11]) + int(fields[12])
+    return ticks
 
 
 def main() -> None:
@@ -224,14 +229,15 @@ def main() -> None:
             print(f"{kind:6} {rate:8.0f} req/s  p99 {p99:6.2f} ms at 500 req/s  errors {errors}", flush=True)
     rates = {k: statistics.median(r[0] for r in v) for k, v in results.items()}
     p99s = {k: statistics.median(r[1] for r in v) for k, v in results.items()}
-    errors = sum(r[2] for v in results.values() for r in v)
+    errors = sum(r[2] for kind in ("floor", "guard") for r in results[kind])
     print(f"median throughput: floor {rates['floor']:.0f}, guard {rates['guard']:.0f} req/s "
           f"= {rates['guard'] / rates['floor']:.2f}x (target >= 0.80x)")  # fmt: skip
     print(f"median p99 at 500 req/s: floor {p99s['floor']:.2f}, guard {p99s['guard']:.2f} ms "
           f"= {p99s['guard'] / p99s['floor']:.2f}x (target <= 1.5x); errors {errors}")  # fmt: skip
     # The guard answers /validate and /mutate without Flask (webhook/endpoints.py); the floor is
     # the issue's minimal Flask app. Against the stack without Flask, for the record:
-    print(f"for information: bare WSGI floor {rates['bare']:.0f} req/s, p99 {p99s['bare']:.2f} ms; "
+    print(f"for information: bare WSGI floor {rates['bare']:.0f} req/s, p99 {p99s['bare']:.2f} ms, "
+          f"errors {sum(r[2] for r in results['bare'])}; "
           f"guard = {rates['guard'] / rates['bare']:.2f}x its throughput")  # fmt: skip
 
 

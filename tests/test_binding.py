@@ -519,7 +519,7 @@ def test_a_table_whose_header_claims_more_than_the_file_holds_is_read_as_empty_a
     first = Reservation("uid-a", "node-1", {"cpu": 1}, (), time.time() + 30)
     assert table.reserve(first, lambda stored: True, lambda r: True, deadline=time.monotonic() + 1)
     with open(tmp_path / "table" / "node-1.table", "r+b") as damaged:
-        damaged.write(struct.pack("<QQ", 7, 2**62))  # a generation no worker wrote, an absurd length
+        damaged.write(struct.pack("<QQQ", 7, 24, 2**62))  # a generation no worker wrote, an absurd length
     assert LocalTable(tmp_path / "table").entries("node-1", time.monotonic() + 1) == []
     second = Reservation("uid-b", "node-1", {"cpu": 1}, (), time.time() + 30)
     assert table.reserve(second, lambda stored: True, lambda r: True, deadline=time.monotonic() + 1)
@@ -527,3 +527,76 @@ def test_a_table_whose_header_claims_more_than_the_file_holds_is_read_as_empty_a
         "uid-b"
     ]
     assert (tmp_path / "table" / "node-1.table").stat().st_size == 4096  # never grown to the claim
+
+
+def test_a_worker_killed_before_its_write_is_committed_leaves_the_entries_whole(tmp_path, monkeypatch):
+    from webhook.state import reservations
+
+    table = LocalTable(tmp_path / "table")
+    for pod_uid in ("uid-a", "uid-b"):
+        new = Reservation(pod_uid, "node-1", {"cpu": 1}, (), time.time() + 30)
+        assert table.reserve(new, lambda stored: True, lambda r: True, deadline=time.monotonic() + 1)
+
+    class Killed(BaseException):
+        pass
+
+    class KilledBeforeTheHeader:  # the entries are written; the header that points to them is not
+        size, unpack_from = reservations._HEADER.size, reservations._HEADER.unpack_from
+
+        def pack_into(self, *args):
+            raise Killed
+
+    monkeypatch.setattr(reservations, "_HEADER", KilledBeforeTheHeader())
+    late = Reservation("uid-c", "node-1", {"cpu": 1}, (), time.time() + 30)
+    with pytest.raises(Killed):
+        table.reserve(late, lambda stored: True, lambda r: True, deadline=time.monotonic() + 1)
+    monkeypatch.undo()
+    stored = LocalTable(tmp_path / "table").entries("node-1", time.monotonic() + 1)
+    assert [r.pod for r in stored] == ["uid-a", "uid-b"]
+
+
+def test_an_update_of_a_placed_pod_is_not_rechecked_by_the_bind_guard(tmp_path):
+    # The kubelet admits a pod once; relabelling a running pod on a node under DiskPressure
+    # must not meet the eviction manager's rule, nor reserve its capacity again.
+    state = state_with(node("n1", conditions=["DiskPressure"]))
+    running = pod("a", namespace="ml", node_name="n1", requests={"cpu": "1"})
+    state.set_pod("uid-a", pod_record(running))
+    updated = json.loads(json.dumps(running))
+    updated["metadata"]["labels"] = {"tier": "batch"}
+    review = pod_create(updated)
+    review["request"].update(operation="UPDATE", oldObject=running)
+    assert answer(client_for(state, tmp_path), review)["allowed"] is True
+    assert LocalTable(tmp_path / "reservations").entries("n1", time.monotonic() + 1) == []
+
+
+def test_a_table_that_cannot_be_remapped_fails_that_reservation_only(tmp_path, monkeypatch):
+    from webhook.state import reservations
+
+    table = LocalTable(tmp_path / "table")
+    real_mmap = reservations.mmap.mmap
+
+    def no_memory(*args):
+        raise OSError(12, "Cannot allocate memory")
+
+    def reserve(n: int) -> bool:
+        new = Reservation(f"uid-{n:03}", "node-1", {"cpu": 1}, (), time.time() + 30)
+        return table.reserve(new, lambda stored: True, lambda r: True, deadline=time.monotonic() + 1)
+
+    assert reserve(0)  # mapped
+    monkeypatch.setattr(reservations.mmap, "mmap", no_memory)
+    with pytest.raises(OSError):
+        for n in range(1, 200):  # until the file must grow
+            reserve(n)
+    monkeypatch.setattr(reservations.mmap, "mmap", real_mmap)
+    assert reserve(999)  # the old mapping was kept, not left closed
+    assert "uid-999" in [r.pod for r in table.entries("node-1", time.monotonic() + 1)]
+
+
+def test_the_table_file_is_allocated_as_it_grows_never_sparse(tmp_path):
+    # A store into an unallocated page of a mapping on a full disk is SIGBUS, not ENOSPC.
+    table = LocalTable(tmp_path / "table")
+    many = {f"example.com/r{i}": 1 for i in range(1000)}  # ~21 kB of JSON: the file grows to 32 kB
+    new = Reservation("uid-a", "node-1", many, (), time.time() + 30)
+    assert table.reserve(new, lambda stored: True, lambda r: True, deadline=time.monotonic() + 1)
+    info = (tmp_path / "table" / "node-1.table").stat()
+    assert info.st_size == 32768 and info.st_blocks * 512 >= info.st_size

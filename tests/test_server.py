@@ -255,6 +255,21 @@ def _call(app, path: str, body: bytes, *, method="POST", length: int | None = -1
     return started[0], started[1], answer
 
 
+def test_a_failure_outside_the_decision_is_still_a_json_500(monkeypatch, caplog):
+    from webhook import server
+
+    def broken(*args):
+        raise RuntimeError("metrics file gone")
+
+    monkeypatch.setattr(server, "_record", broken)
+    reply = make_client().post("/validate", json=example("good-deployment"))
+    assert reply.status_code == 500 and reply.get_json() == {
+        "error": "internal error (RuntimeError)",
+        "code": 500,
+    }
+    assert "metrics file gone" in caplog.text
+
+
 def test_health_and_readiness(client):
     assert client.get("/healthz").status_code == 200
     ready = client.get("/readyz")

@@ -144,6 +144,8 @@ class BindGuard:
         node_name = spec.get("nodeName") if isinstance(spec, Mapping) else None
         if not node_name or not outcome.allowed or req.dry_run or req.kind != "Pod":
             return outcome
+        if req.operation != "CREATE":
+            return outcome  # an update of a placed pod: the kubelet admits a pod once
         if _is_mirror(obj):
             return outcome  # the kubelet's record of a static pod it already runs
         mode = self.config.node_admission.mode

@@ -10,6 +10,7 @@ through it), and every other path is left to Flask.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable
 from http import HTTPStatus
 from typing import Any
@@ -22,6 +23,7 @@ from .admission import MUTATE, VALIDATE
 Answer = Callable[[str, bytes], tuple[int, bytes]]
 WSGIApp = Callable[[dict[str, Any], Callable], Iterable[bytes]]
 
+log = logging.getLogger(__name__)
 # An unread body makes the socket close with a reset, and the client never sees the 413.
 DRAIN_LIMIT = 16 * 1024 * 1024
 _STATUS_LINES = {status.value: f"{status.value} {status.phrase}" for status in HTTPStatus}
@@ -48,12 +50,16 @@ class AdmissionEndpoints:
             return self.app(environ, start_response)
         if environ.get("REQUEST_METHOD") != "POST":
             return _reply(start_response, 405, error_body(405, "use POST"), [("Allow", "POST")])
-        body = self._body(environ)
-        if body is None:
-            self.too_large(endpoint)
-            message = f"request body is larger than the {self.max_body_bytes}-byte limit"
-            return _reply(start_response, 413, error_body(413, message))
-        status, answer = self.answer(endpoint, body)
+        try:
+            body = self._body(environ)
+            if body is None:
+                self.too_large(endpoint)
+                message = f"request body is larger than the {self.max_body_bytes}-byte limit"
+                return _reply(start_response, 413, error_body(413, message))
+            status, answer = self.answer(endpoint, body)
+        except Exception as err:  # still JSON, as every answer of the guard is (Flask did this before)
+            log.exception("%s failed", environ.get("PATH_INFO"))
+            return _reply(start_response, 500, error_body(500, f"internal error ({type(err).__name__})"))
         return _reply(start_response, status, answer)
 
     def _body(self, environ: dict[str, Any]) -> bytes | None:

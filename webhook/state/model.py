@@ -324,6 +324,8 @@ class ClusterState:
         return MappingProxyType(self._device_schedulers.get(resource, Counter()))
 
     def set_node(self, node: Node) -> None:
+        if self.nodes.get(node.name) == node:
+            return  # a heartbeat: nothing a check reads changed
         self.nodes[node.name] = node
         self.revision += 1
 

@@ -210,40 +210,56 @@ class LocalTable:
         table.close()
 
 
-_HEADER = struct.Struct("<QQ")  # generation, length of the JSON that follows
+_HEADER = struct.Struct("<QQQ")  # generation; where the JSON starts, and its length
 _MIN_FILE = 4096
 
 
 class _TableFile:
-    """One node's file, mapped; the entries last read or written, with their generation."""
+    """One node's file, mapped; the entries last read or written, with their generation.
 
-    __slots__ = ("entries", "fd", "generation", "map", "path")
+    A write never touches the entries the header points to: the new JSON goes after them (or
+    before them, when there is room and none after), and only then does the header move to it.
+    A worker killed mid-write leaves the previous entries whole. The file is allocated as it
+    grows (``posix_fallocate``): a sparse file on a full disk would kill the worker with SIGBUS
+    at the first store into its mapping, where the allocation fails with ``ENOSPC``.
+    """
+
+    __slots__ = ("entries", "fd", "generation", "length", "map", "offset", "path")
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         self.map: mmap.mmap | None = None
         self.generation = -1
+        self.offset = self.length = 0
         self.entries: list[Reservation] = []
 
     def read(self) -> list[Reservation]:
         """Under the file lock. Unparsed unless another worker wrote since this one last looked."""
         table = self._mapping(_HEADER.size)
-        generation, length = _HEADER.unpack_from(table)
+        generation, offset, length = _HEADER.unpack_from(table)
         if generation != self.generation:
-            table = self._mapping(_HEADER.size + length, grow=False)
-            # A length past the end of the file is damage: it holds nothing (and is not grown to).
-            self.entries = _entries(table[_HEADER.size : _HEADER.size + length]) if table else []
-            self.generation = generation
+            table = self._mapping(offset + length, grow=False) if offset >= _HEADER.size else None
+            if table is None:  # nothing written yet, or entries past the end of the file (damage)
+                offset = length = 0
+            self.entries = _entries(table[offset : offset + length]) if table else []
+            self.generation, self.offset, self.length = generation, offset, length
         return self.entries
 
     def write(self, entries: list[Reservation]) -> None:
         """Under the file lock, after ``read``."""
         data = orjson.dumps([r.as_json() for r in entries])
-        table = self._mapping(_HEADER.size + len(data))
-        table[_HEADER.size : _HEADER.size + len(data)] = data
-        _HEADER.pack_into(table, 0, self.generation + 1, len(data))
-        self.generation += 1
+        start = max(self.offset + self.length, _HEADER.size)
+        if (
+            self.map is not None
+            and start + len(data) > len(self.map)
+            and _HEADER.size + len(data) <= self.offset
+        ):
+            start = _HEADER.size  # the room before the current entries
+        table = self._mapping(start + len(data))
+        table[start : start + len(data)] = data
+        _HEADER.pack_into(table, 0, self.generation + 1, start, len(data))
+        self.generation, self.offset, self.length = self.generation + 1, start, len(data)
         self.entries = entries
 
     def _mapping(self, size: int, *, grow: bool = True) -> mmap.mmap | None:
@@ -256,11 +272,12 @@ class _TableFile:
             if not grow:
                 return None
             length = max(_MIN_FILE, 1 << (size - 1).bit_length())
-            os.ftruncate(self.fd, length)
+            os.posix_fallocate(self.fd, 0, length)
+        mapped = mmap.mmap(self.fd, length)  # the old mapping stays usable if this fails
         if self.map is not None:
             self.map.close()
-        self.map = mmap.mmap(self.fd, length)
-        return self.map
+        self.map = mapped
+        return mapped
 
     def close(self) -> None:
         if self.map is not None:
