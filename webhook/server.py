@@ -1,4 +1,6 @@
-"""The Flask app the kube-apiserver talks to: /validate /mutate /healthz /readyz /metrics.
+"""The app the kube-apiserver talks to: /validate /mutate /healthz /readyz /metrics.
+
+A Flask app whose two admission paths are answered in front of it (``endpoints.py``).
 
 ``create_app`` is an explicit factory: gunicorn workers, tests and benchmarks each build an
 app from a config and a state source, and nothing lives in module globals. Every answer is
