@@ -600,3 +600,17 @@ def test_the_table_file_is_allocated_as_it_grows_never_sparse(tmp_path):
     assert table.reserve(new, lambda stored: True, lambda r: True, deadline=time.monotonic() + 1)
     info = (tmp_path / "table" / "node-1.table").stat()
     assert info.st_size == 32768 and info.st_blocks * 512 >= info.st_size
+
+
+def test_a_filesystem_that_cannot_allocate_ahead_still_holds_the_table(tmp_path, monkeypatch):
+    import errno
+
+    def unsupported(*args):
+        raise OSError(errno.EOPNOTSUPP, "Operation not supported")
+
+    monkeypatch.setattr(os, "posix_fallocate", unsupported)
+    table = LocalTable(tmp_path / "table")
+    new = Reservation("uid-a", "node-1", {"cpu": 1}, (), time.time() + 30)
+    assert table.reserve(new, lambda stored: True, lambda r: True, deadline=time.monotonic() + 1)
+    stored = LocalTable(tmp_path / "table").entries("node-1", time.monotonic() + 1)
+    assert [r.pod for r in stored] == ["uid-a"]

@@ -272,7 +272,7 @@ class _TableFile:
             if not grow:
                 return None
             length = max(_MIN_FILE, 1 << (size - 1).bit_length())
-            os.posix_fallocate(self.fd, 0, length)
+            _allocate(self.fd, length)
         mapped = mmap.mmap(self.fd, length)  # the old mapping stays usable if this fails
         if self.map is not None:
             self.map.close()
@@ -283,6 +283,17 @@ class _TableFile:
         if self.map is not None:
             self.map.close()
         os.close(self.fd)
+
+
+def _allocate(fd: int, length: int) -> None:
+    """Grow the file to ``length`` bytes with its blocks allocated; merely extended where the
+    filesystem cannot allocate ahead (then a full disk is found by the stores, as SIGBUS)."""
+    try:
+        os.posix_fallocate(fd, 0, length)
+    except OSError as err:
+        if err.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            raise
+        os.ftruncate(fd, length)
 
 
 def _libc_flock() -> Callable[[int, int], int] | None:
