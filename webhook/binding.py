@@ -24,7 +24,7 @@ from .checks import Failure, PodUnderReview, kubelet_admission
 from .config import Config
 from .engine import Decision, Violation
 from .state.apiserver import ApiError
-from .state.model import MIRROR_ANNOTATION, ClusterState, Node, PodRecord
+from .state.model import ClusterState, Node, PodRecord, is_mirror
 from .state.reservations import (
     DeadlineExceeded,
     LeaseStore,
@@ -138,16 +138,15 @@ class BindGuard:
         node holds no reservation and the state is still at that revision, the re-check could
         only repeat that verdict, so it is not run again.
         """
-        deadline = time.monotonic() + self.config.node_admission.reservations.deadline_seconds
-        obj = req.obj or {}
-        spec = obj.get("spec")
+        spec = (req.obj or {}).get("spec")
         node_name = spec.get("nodeName") if isinstance(spec, Mapping) else None
         if not node_name or not outcome.allowed or req.dry_run or req.kind != "Pod":
             return outcome
         if req.operation != "CREATE":
             return outcome  # an update of a placed pod: the kubelet admits a pod once
-        if _is_mirror(obj):
-            return outcome  # the kubelet's record of a static pod it already runs
+        pod = outcome.decision.pod if outcome.decision is not None else None
+        if pod is None or is_mirror(pod.metadata):
+            return outcome  # unreadable fields (the engine answered for them), or a mirror pod
         mode = self.config.node_admission.mode
         if mode == "off" or self._exempt(req.namespace, req):
             return outcome
@@ -155,9 +154,7 @@ class BindGuard:
             node = view.state.nodes.get(node_name) if view.state is not None else None
         if node is None:
             return outcome
-        pod = outcome.decision.pod if outcome.decision is not None else None
-        if pod is None:
-            return outcome  # the engine already answered for unreadable fields
+        deadline = time.monotonic() + self.config.node_admission.reservations.deadline_seconds
         name = f"pod {req.namespace}/{req.name}"
         return self._reserve_or_deny(
             outcome, source, pod, node, req, name, mode, deadline, created=True, judged=judged
@@ -310,9 +307,3 @@ def _deny(
         allowed=False, violations=[Violation(POLICY, r, message, node) for r in outcome.reasons]
     )
     return outcome
-
-
-def _is_mirror(obj: Mapping) -> bool:
-    metadata = obj.get("metadata")
-    annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
-    return isinstance(annotations, Mapping) and MIRROR_ANNOTATION in annotations

@@ -122,13 +122,16 @@ class BackgroundLines(logging.Handler):
             pass
 
 
-def log_lines_in_background(logger: logging.Logger, stream: TextIO) -> BackgroundLines:
-    """Send ``logger``'s lines (bare messages) to ``stream`` through a writer thread."""
+def log_lines_in_background(
+    logger: logging.Logger, stream: TextIO, fmt: str = "%(message)s"
+) -> BackgroundLines:
+    """Send ``logger``'s lines (bare messages, unless ``fmt`` says more) to ``stream`` through a
+    writer thread; once: a second call returns the handler of the first."""
     for handler in logger.handlers:
         if isinstance(handler, BackgroundLines):
             return handler
     handler = BackgroundLines(stream)
-    handler.setFormatter(logging.Formatter("%(message)s"))
+    handler.setFormatter(logging.Formatter(fmt))
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     logger.propagate = False

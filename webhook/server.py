@@ -9,7 +9,6 @@ JSON; no input reaches a 500 or a traceback.
 
 from __future__ import annotations
 
-import atexit
 import logging
 import sys
 import time
@@ -22,7 +21,7 @@ from . import admission
 from .admission import MUTATE, VALIDATE, AdmissionRequest, Outcome, ReviewError
 from .binding import BindGuard, binding_target, is_binding
 from .config import Config
-from .decision_log import BackgroundLines, flush_decision_lines, line_writer, log_lines_in_background
+from .decision_log import flush_decision_lines, line_writer, log_lines_in_background
 from .endpoints import AdmissionEndpoints, error_body
 from .kube.rejection import controller_owner
 from .metrics import Metrics
@@ -203,16 +202,10 @@ def log_events_to_stderr(level: str) -> logging.Handler:
     Written by a thread of their own, as decisions are: some are logged under the state's or the
     breakers' lock, which a blocked stderr must never hold."""
     logger = logging.getLogger(__package__)
-    handler = next((h for h in logger.handlers if isinstance(h, BackgroundLines)), None)
-    if handler is None:
-        handler = BackgroundLines(sys.stderr)
-        handler.setFormatter(
-            logging.Formatter("%(asctime)s [%(process)d] [%(levelname)s] %(name)s: %(message)s")
-        )
-        logger.addHandler(handler)
-        atexit.register(handler.flush)
+    handler = log_lines_in_background(
+        logger, sys.stderr, "%(asctime)s [%(process)d] [%(levelname)s] %(name)s: %(message)s"
+    )
     logger.setLevel(level.upper())
-    logger.propagate = False
     return handler
 
 

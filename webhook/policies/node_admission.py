@@ -14,7 +14,7 @@ from ..checks.sysctl import forbidden_sysctl, pod_sysctls
 from ..config import NodeAdmissionConfig
 from ..kube.tolerations import untolerated_taint
 from ..state import ClusterState
-from ..state.model import MIRROR_ANNOTATION
+from ..state.model import is_mirror
 from . import Finding, Review
 
 NAME = "nodeAdmission"
@@ -53,7 +53,7 @@ def check(
         return unschedulable_sysctls(review, state, config)
     if review.shape.kind != "Pod" or review.operation != "CREATE":
         return []
-    if MIRROR_ANNOTATION in (review.shape.metadata.get("annotations") or {}):
+    if is_mirror(review.shape.metadata):
         return []  # the kubelet never admits mirror pods: their static pod already runs
     if unavailable is not None:
         return [

@@ -126,10 +126,14 @@ def object_key(obj: Mapping[str, Any]) -> str:
     return f"{metadata.get('namespace') or 'default'}/{metadata.get('name') or ''}"
 
 
+def is_mirror(metadata: Mapping[str, Any]) -> bool:
+    """The kubelet's record of a static pod it already runs (``kubetypes.IsMirrorPod``)."""
+    return MIRROR_ANNOTATION in (metadata.get("annotations") or {})
+
+
 def is_critical(metadata: Mapping[str, Any], priority: int | None) -> bool:
     """``kubetypes.IsCriticalPod``: mirror pods and priority >= system-cluster-critical."""
-    annotations = metadata.get("annotations") or {}
-    return MIRROR_ANNOTATION in annotations or (priority is not None and priority >= CRITICAL_PRIORITY)
+    return is_mirror(metadata) or (priority is not None and priority >= CRITICAL_PRIORITY)
 
 
 def pod_priority(spec: Mapping[str, Any]) -> int | None:

@@ -133,8 +133,8 @@ class LocalTable:
     """Reservations shared by the workers of one replica: a memory-mapped file per node, under
     ``flock``.
 
-    The file holds a header (a generation, bumped on every write, and the length) and the
-    entries as JSON. Each worker keeps the entries it last read or wrote with their generation,
+    The file holds a header (a generation, bumped on every write, and where the entries are)
+    and the entries as JSON. Each worker keeps the entries it last read or wrote with their generation,
     so a node whose last write was its own is decided without parsing. Threads of one worker
     queue on a lock of their own first (a timed wait, no polling), so only the other workers'
     holds are waited out on the file lock. Inside the hold nothing gives up the interpreter: the
