@@ -270,8 +270,6 @@ def _state(where: _Where, raw: Any, storm: StormBreakerConfig) -> ClusterState |
         state = load_snapshot(snapshots, storm) if snapshots else state
     except SnapshotError as err:
         where.fail("cluster.snapshots", "; ".join(err.problems))
-    except FieldError as err:
-        where.fail("cluster.snapshots", str(err))
     for kind in ("nodes", "pods"):
         for i, obj in enumerate(where.sequence(raw.get(kind, []), f"cluster.{kind}")):
             if not isinstance(obj, Mapping):

@@ -47,7 +47,7 @@ _TINY = Fraction(1, 10**_LIMIT)
 _DIGITS = Context(prec=2 * _LIMIT + 20, rounding=ROUND_CEILING, Emax=MAX_EMAX, Emin=MIN_EMIN)
 # Cache only short strings: a cluster repeats a few hundred of them, and a cached megabyte-long
 # quantity would stay in memory for as long as the cache holds it.
-CACHED_LENGTH = 64  # longer strings are parsed each time: a cache would keep them alive
+CACHED_LENGTH = 64
 
 
 class QuantityError(ValueError):

@@ -136,10 +136,10 @@ class StormBreakers:
             if now is not None and at <= now - self.window:
                 return  # found by a list, long over: it counts, but opens nothing
             if breaker.state == HALF_OPEN and newer:
-                self._open(breaker, at, min(2 * breaker.cooldown, MAX_COOLDOWN), "the probe was rejected")
+                self._open(breaker, min(2 * breaker.cooldown, MAX_COOLDOWN), "the probe was rejected")
             elif breaker.state == CLOSED and breaker.in_window(at, self.window) >= self.threshold:
                 self.trips += 1
-                self._open(breaker, at, self.base_cooldown, f"{self.threshold} rejections within the window")
+                self._open(breaker, self.base_cooldown, f"{self.threshold} rejections within the window")
 
     def running(self, owner_uid: str, at: float) -> None:
         """A pod of the owner is Running: a half-open breaker closes."""
@@ -196,7 +196,7 @@ class StormBreakers:
             return breaker.last_rejection <= now - self.window
         return breaker.quiet_since() <= now - breaker.cooldown - self.window
 
-    def _open(self, breaker: Breaker, at: float, cooldown: float, why: str) -> None:
+    def _open(self, breaker: Breaker, cooldown: float, why: str) -> None:
         breaker.state, breaker.cooldown, breaker.probe_at = OPEN, cooldown, None
         log.warning(
             "storm breaker open for %s: %s; cool-down %.0f s", _describe(breaker.owner), why, cooldown
