@@ -256,15 +256,6 @@ def test_the_api_server_down_means_allowed_with_a_warning_within_three_seconds(t
     assert response["allowed"] is True and "did not check this binding" in response["warnings"][0]
 
 
-@pytest.fixture
-def leases(tmp_path):
-    cluster = Cluster()
-    server = FakeApiServer(cluster)
-    api = ApiServer.connect(kubeconfig=server.kubeconfig(tmp_path / "kubeconfig"))
-    yield cluster, LeaseStore(api, "admit-guard")
-    server.close()
-
-
 def review_of(review: dict):
     return parse_review(json.dumps(review).encode())
 
@@ -356,9 +347,9 @@ def test_exemptions_cover_binds_and_pods_created_with_node_name(tmp_path):
     assert not guard.review(review_of(binding("late", "gpu-1")), FixedState(state)).allowed
 
 
-def test_a_slow_api_server_fails_open_as_past_the_deadline(tmp_path, leases):
+def test_an_api_server_slower_than_the_deadline_for_one_call_fails_open(tmp_path, leases):
     cluster, store = leases
-    cluster.lease_delay = 0.4
+    cluster.lease_delay = 0.8
     state = state_with(node("gpu-1", extra={"nvidia.com/gpu": "1"}), gpu_pod("a"))
     config = {"policies": {"nodeAdmission": {"reservations": {"deadlineSeconds": 0.5}}}}
     client = client_for(state, tmp_path, config, leases=store)
@@ -368,6 +359,21 @@ def test_a_slow_api_server_fails_open_as_past_the_deadline(tmp_path, leases):
     assert response["allowed"] is True and "did not check this binding" in response["warnings"][0]
     metrics = client.get("/metrics").get_data(as_text=True)
     assert 'admit_guard_binding_fail_open_total{reason="deadline"} 1.0' in metrics
+
+
+def test_a_slow_api_server_within_the_deadline_for_each_call_is_waited_for_and_decides(tmp_path, leases):
+    # 0.4 s a call: the Lease's read and write together take longer than one deadline, but
+    # neither call is an outage, so the bind is checked (and the second one denied).
+    cluster, store = leases
+    cluster.lease_delay = 0.4
+    state = state_with(node("gpu-1", extra={"nvidia.com/gpu": "1"}), gpu_pod("a"), gpu_pod("b"))
+    config = {"policies": {"nodeAdmission": {"reservations": {"deadlineSeconds": 0.5}}}}
+    client = client_for(state, tmp_path, config, leases=store)
+    first = answer(client, binding("a", "gpu-1"))
+    assert first["allowed"] is True and "warnings" not in first
+    second = answer(client, binding("b", "gpu-1"))
+    assert second["allowed"] is False and second["status"]["reason"] == "OutOfnvidia.com/gpu"
+    assert cluster.lease_writes == 1
 
 
 def test_the_state_not_ready_allows_a_bind_with_a_warning_and_counts_it(tmp_path):
@@ -426,13 +432,12 @@ def gpu_cluster(tmp_path):
     server.close()
 
 
-def test_twelve_concurrent_binds_of_the_last_gpu_over_two_guards_allow_exactly_one(gpu_cluster, tmp_path):
-    cluster, server = gpu_cluster
+def _twelve_binds_over_two_guards(cluster, server, tmp_path, reservations: str) -> tuple[list[dict], float]:
+    """Twelve binds of the last GPU at once, alternating between two guard servers (two workers
+    each): the responses, and the slowest answer's time."""
     kubeconfig = server.kubeconfig(tmp_path / "kubeconfig")
     config = tmp_path / "config.yaml"
-    config.write_text(
-        "policies: {nodeAdmission: {reservations: {namespace: admit-guard, deadlineSeconds: 2}}}\n"
-    )
+    config.write_text(f"policies: {{nodeAdmission: {{reservations: {{{reservations}}}}}}}\n")
     args = ("--kubeconfig", kubeconfig, "--config", str(config))
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
@@ -440,20 +445,46 @@ def test_twelve_concurrent_binds_of_the_last_gpu_over_two_guards_allow_exactly_o
         guards = [first, second]
         start = threading.Barrier(12)
 
-        def bind(i: int) -> dict:
+        def bind(i: int) -> tuple[dict, float]:
             conn = guards[i % 2].connect()
             start.wait()
+            began = time.monotonic()
             try:
-                return post_json(conn, "/validate", binding(f"trainer-{i}", "gpu-1"))[1]["response"]
+                response = post_json(conn, "/validate", binding(f"trainer-{i}", "gpu-1"))[1]["response"]
+                return response, time.monotonic() - began
             finally:
                 conn.close()
 
         with ThreadPoolExecutor(12) as pool:
-            responses = list(pool.map(bind, range(12)))
+            answers = list(pool.map(bind, range(12)))
+    return [r for r, _ in answers], max(t for _, t in answers)
+
+
+def test_twelve_concurrent_binds_of_the_last_gpu_over_two_guards_allow_exactly_one(gpu_cluster, tmp_path):
+    cluster, server = gpu_cluster
+    responses, _ = _twelve_binds_over_two_guards(
+        cluster, server, tmp_path, "namespace: admit-guard, deadlineSeconds: 2"
+    )
     allowed = [r for r in responses if r["allowed"]]
     assert len(allowed) == 1, json.dumps(responses, indent=1)
     assert {r["status"]["reason"] for r in responses if not r["allowed"]} == {"OutOfnvidia.com/gpu"}
     assert [lease["metadata"]["name"] for lease in cluster.leases.values()] == ["admit-guard-node-gpu-1"]
+
+
+def test_binds_queued_behind_a_slow_but_healthy_api_server_are_decided_never_waved_through(
+    gpu_cluster, tmp_path
+):
+    # Every Lease call takes 0.5 s, inside the 1 s deadline: binds that wait for a sibling's
+    # decision on the node are decided with what it wrote (or denied busy), not allowed unchecked.
+    cluster, server = gpu_cluster
+    cluster.lease_delay = 0.5
+    responses, slowest = _twelve_binds_over_two_guards(cluster, server, tmp_path, "namespace: admit-guard")
+    allowed = [r for r in responses if r["allowed"]]
+    assert len(allowed) == 1, json.dumps(responses, indent=1)
+    assert "warnings" not in allowed[0]  # checked, not waved through
+    denied = {r["status"]["reason"] for r in responses if not r["allowed"]}
+    assert denied <= {"OutOfnvidia.com/gpu", "ReservationBusy"}, denied
+    assert slowest < 5, slowest  # the bindings webhook's timeoutSeconds in deploy/
 
 
 def test_the_reservation_table_keeps_a_bounded_number_of_files_open(tmp_path):

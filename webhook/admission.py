@@ -60,6 +60,7 @@ class Outcome:
     error: str | None = None  # the object could not be read (answered per failOpen)
     reasons: list[str] = field(default_factory=list)
     fail_open: str | None = None  # why a binding was allowed unchecked (a closed set)
+    table_trouble: str | None = None  # the replica's reservation table failed or was damaged
 
     @property
     def allowed(self) -> bool:

@@ -26,25 +26,35 @@ from .engine import Decision, Violation
 from .state.apiserver import ApiError
 from .state.model import ClusterState, Node, PodRecord, is_mirror
 from .state.reservations import (
+    Budget,
+    Busy,
     DeadlineExceeded,
     LeaseStore,
     LocalTable,
     Reservation,
     counts,
     kept,
+    merged,
     usage_with,
 )
 from .state.source import StateSource
 
 POLICY = "nodeAdmission"
 # Why a bind was allowed unchecked: a closed set, for the metric.
-POD_UNKNOWN, STATE_UNAVAILABLE, NODE_UNKNOWN, API_ERROR, DEADLINE = (
+POD_UNKNOWN, STATE_UNAVAILABLE, NODE_UNKNOWN, API_ERROR, DEADLINE, TABLE_ERROR, WAITED = (
     "pod-unknown",
     "state-unavailable",
     "node-unknown",
     "api-error",
     "deadline",
+    "table-error",
+    "busy",  # warn and audit modes only: enforce denies a bind that waited too long
 )
+# What went wrong with the replica's reservation table (a metric of its own): it could not be
+# used, or it was found damaged and rebuilt from the Lease and the state.
+TABLE_DAMAGED = "table-damaged"
+# Sibling decisions on the same node outlasted ``reservations.waitSeconds``: denied, retried.
+BUSY = "ReservationBusy"
 
 
 # The state a verdict was reached on, and its revision then.
@@ -80,7 +90,7 @@ def binding_target(req: AdmissionRequest) -> BindingTarget:
     name = metadata.get("name") or req.name
     if not isinstance(name, str) or not name:
         raise ReviewError("request.object.metadata.name: missing (the pod to bind)")
-    namespace = metadata.get("namespace") or req.namespace or "default"
+    namespace = req.namespace or metadata.get("namespace") or "default"  # the request's decides
     return BindingTarget(str(metadata.get("uid") or ""), str(namespace), name, target["name"])
 
 
@@ -95,10 +105,12 @@ class BindGuard:
         self.leases = leases
         self.clock = clock
 
-    def review(self, req: AdmissionRequest, source: StateSource) -> Outcome:
+    def review(self, req: AdmissionRequest, source: StateSource, *, verified: bool = False) -> Outcome:
         """A Binding: the pod and node are read under the state's lock; the reservation's
-        round trips happen outside it (the informer must keep applying events)."""
-        deadline = time.monotonic() + self.config.node_admission.reservations.deadline_seconds
+        round trips happen outside it (the informer must keep applying events).
+
+        ``verified``: the caller proved it is the API server (a client certificate); otherwise
+        the reservation lasts only until its confirmation time unless the state shows the pod."""
         target = binding_target(req)
         pod_name = f"pod {target.namespace}/{target.name}"
         outcome = Outcome(req, {"uid": req.uid, "allowed": True})
@@ -126,10 +138,16 @@ class BindGuard:
             return _unchecked(outcome, NODE_UNKNOWN, f"node {target.node} is not in the guard's state")
         self._binders(outcome, record, req.user, pod_name)
         pod = PodUnderReview(record.pending.metadata, record.pending.spec, record)
-        return self._reserve_or_deny(outcome, source, pod, node, req, pod_name, mode, deadline, created=False)
+        return self._reserve_or_deny(outcome, source, pod, node, req, pod_name, mode, verified, created=False)
 
     def review_created(
-        self, req: AdmissionRequest, source: StateSource, outcome: Outcome, judged: Judged | None = None
+        self,
+        req: AdmissionRequest,
+        source: StateSource,
+        outcome: Outcome,
+        judged: Judged | None = None,
+        *,
+        verified: bool = False,
     ) -> Outcome:
         """A pod CREATE with ``spec.nodeName`` the engine allowed: re-check it against the
         reservations of in-flight binds and reserve its capacity the same way.
@@ -154,10 +172,9 @@ class BindGuard:
             node = view.state.nodes.get(node_name) if view.state is not None else None
         if node is None:
             return outcome
-        deadline = time.monotonic() + self.config.node_admission.reservations.deadline_seconds
         name = f"pod {req.namespace}/{req.name}"
         return self._reserve_or_deny(
-            outcome, source, pod, node, req, name, mode, deadline, created=True, judged=judged
+            outcome, source, pod, node, req, name, mode, verified, created=True, judged=judged
         )
 
     # -- the decision, inside the stores' read-check-write ------------------------------
@@ -171,22 +188,24 @@ class BindGuard:
         req: AdmissionRequest,
         pod_name: str,
         mode: str,
-        deadline: float,
+        verified: bool,
         *,
         created: bool,
         judged: Judged | None = None,
     ) -> Outcome:
         settings = self.config.node_admission.reservations
+        budget = Budget.start(settings.wait_seconds, settings.deadline_seconds)
         now = self.clock()
         unsafe = self.config.node_admission.unsafe_sysctls_for(node.labels)
-        new = Reservation.of(pod.record, node.name, settings.ttl_seconds, now)
+        confirm = None if verified else settings.confirm_seconds
+        new = Reservation.of(pod.record, node.name, settings.ttl_seconds, now, confirm)
         failures: list[Failure] = []
         dropped: set[str] = set()  # entries of pods that ended or expired: not written back
 
         def decide(stored: list[Reservation]) -> bool:
             # The node's usage and which reservations still count are read at one moment, under
             # the state's lock: a watch event between the two would count a pod in neither.
-            entries = {r.pod: r for r in stored if r.pod != new.pod}.values()  # the table mirrors Leases
+            entries = [r for r in stored if r.pod != new.pod]
             with source.reading() as view:
                 if view.state is None:
                     raise _StateGone(view.unavailable or "no state")
@@ -198,32 +217,21 @@ class BindGuard:
                 failures[:] = kubelet_admission(pod, node, usage, unsafe)
             return not failures or mode in ("warn", "audit")
 
-        def keep(reservation: Reservation) -> bool:
-            return reservation.pod not in dropped
-
-        write = not req.dry_run
-
-        leases = self.leases if self._coordinated(pod.record) else None
-
-        def through_lease(local: list[Reservation]) -> bool:
-            """The Lease's read-check-write, inside the table's: one decision over both."""
-            return leases.reserve(
-                new, lambda leased: decide([*local, *leased]), keep, write=write, deadline=deadline
-            )
-
-        inner = through_lease if leases is not None else decide
+        stores = _Stores(self.local, self.leases, new, decide, lambda r: r.pod not in dropped, budget)
         try:
-            if self.local is not None:
-                self.local.reserve(new, inner, keep, write=write, deadline=deadline)
-            else:
-                inner([])
+            stores.decide(coordinated=self._coordinated(pod.record), write=not req.dry_run)
         except _StateGone as err:
             return _unchecked(outcome, STATE_UNAVAILABLE, f"{pod_name} to {node.name}: {err}")
+        except Busy as err:
+            return self._busy(outcome, mode, pod_name, node.name, created, str(err), settings.wait_seconds)
         except DeadlineExceeded as err:
-            return _unchecked(outcome, DEADLINE, f"{pod_name} to {node.name}: {err} past the deadline")
-        except (ApiError, OSError) as err:
-            why = DEADLINE if time.monotonic() >= deadline else API_ERROR
-            return _unchecked(outcome, why, f"{pod_name} to {node.name}: {err}")
+            return _unchecked(outcome, DEADLINE, f"{pod_name} to {node.name}: {err}")
+        except ApiError as err:
+            return _unchecked(outcome, API_ERROR, f"{pod_name} to {node.name}: {err}")
+        except _TableFailed as err:
+            return _unchecked(outcome, TABLE_ERROR, f"{pod_name} to {node.name}: {err}")
+        finally:
+            outcome.table_trouble = stores.trouble
         if not failures:
             return outcome
         who = (
@@ -252,6 +260,21 @@ class BindGuard:
             )
             return outcome
         return _deny(outcome, first.reason, message, [f.reason for f in failures], node.name)
+
+    def _busy(
+        self, outcome: Outcome, mode: str, pod_name: str, node: str, created: bool, why: str, wait: float
+    ) -> Outcome:
+        """Other decisions on the node outlasted the wait: never allowed unchecked, since they
+        may have taken the capacity this one asks for. Denied so the scheduler (or the
+        controller) tries again; in warn and audit modes only said."""
+        message = (
+            f"{pod_name} to {node} was not decided: other binds to {node} were still being decided "
+            f"after {wait:g} s ({why}). "
+            + ("Its controller will create it again." if created else "The scheduler will retry it.")
+        )
+        if mode in ("warn", "audit"):
+            return _unchecked(outcome, WAITED, message)
+        return _deny(outcome, BUSY, message, node=node, code=429)
 
     def _exempt(self, namespace: str, req: AdmissionRequest) -> bool:
         """Excluded namespaces and the ``nodeAdmission`` exemptions, as the engine applies them."""
@@ -284,6 +307,74 @@ class _StateGone(Exception):
     """The state became unavailable between reading the pod and deciding."""
 
 
+class _TableFailed(Exception):
+    """The replica's table failed and no Lease coordinates this pod: nothing held the decision."""
+
+
+class _Stores:
+    """One decision over the replica's table and, for coordinated pods, the node's Lease.
+
+    The table is locked first and stays locked while the Lease is read and written, so the
+    replica's siblings queue for the node instead of racing through the API server. A denial
+    from the table's entries alone needs no round trip. The table afterwards holds what was
+    decided and what the Lease showed, for the siblings that waited. A table that fails does
+    not stop coordination: coordinated pods go through the Lease alone (counted as
+    ``table-error``); a damaged one is rebuilt from the Lease (``table-damaged``).
+    """
+
+    def __init__(self, local, leases, new: Reservation, decide, keep, budget: Budget) -> None:
+        self.local, self.leases, self.new = local, leases, new
+        self.decide_over, self.keep, self.budget = decide, keep, budget
+        self.trouble: str | None = None
+
+    def decide(self, *, coordinated: bool, write: bool) -> bool:
+        if self.local is None:
+            return self._through_lease([], coordinated, write, coordinated)[0]
+        try:
+            with self.local.locked(self.new.node, self.budget.wait_until) as held:
+                return self._with_table(held, coordinated, write)
+        except OSError as err:
+            self.trouble = TABLE_ERROR
+            if not coordinated or self.leases is None:
+                raise _TableFailed(f"the reservation table failed: {err}") from None
+            return self._through_lease([], True, write, True)[0]
+
+    def _with_table(self, held, coordinated: bool, write: bool) -> bool:
+        if held.damaged:
+            self.trouble = TABLE_DAMAGED
+        fits, leased = self._through_lease(held.entries, coordinated or held.damaged, write, coordinated)
+        known = merged(held.entries, leased or [])
+        if fits and write:
+            wanted = [*(r for r in known if r.pod != self.new.pod and self.keep(r)), self.new]
+        elif leased is not None or held.damaged:
+            wanted = [r for r in known if self.keep(r)]
+        else:
+            return fits
+        if held.damaged or [r.pod for r in wanted] != [r.pod for r in held.entries]:
+            try:
+                held.store(wanted)
+            except OSError:
+                self.trouble = TABLE_ERROR  # decided all the same: the Lease holds what must be shared
+        return fits
+
+    def _through_lease(
+        self, local: list[Reservation], read: bool, write: bool, coordinated: bool
+    ) -> tuple[bool, list[Reservation] | None]:
+        """The verdict, and the Lease's entries when it was read. A denial by the local entries
+        alone is final: the Lease could only add reservations."""
+        if not self.decide_over(local):
+            return False, None
+        if not read or self.leases is None:
+            return True, None
+        return self.leases.reserve(
+            self.new,
+            lambda leased: self.decide_over(merged(local, leased)),
+            self.keep,
+            write=write and coordinated,
+            budget=self.budget,
+        )
+
+
 def _unchecked(outcome: Outcome, why: str, detail: str) -> Outcome:
     outcome.fail_open = why
     outcome.error = f"binding not checked ({why}): {detail}"
@@ -294,11 +385,16 @@ def _unchecked(outcome: Outcome, why: str, detail: str) -> Outcome:
 
 
 def _deny(
-    outcome: Outcome, reason: str, message: str, reasons: list[str] | None = None, node: str | None = None
+    outcome: Outcome,
+    reason: str,
+    message: str,
+    reasons: list[str] | None = None,
+    node: str | None = None,
+    code: int = 403,
 ) -> Outcome:
     outcome.response["allowed"] = False
     outcome.response["status"] = {
-        "code": 403,
+        "code": code,
         "reason": reason,
         "message": f"admit-guard: {reason}: {message}",
     }

@@ -71,7 +71,11 @@ class ReservationsConfig:
 
     namespace: str = ""  # coordination Leases live here; "" means the guard's own namespace
     ttl_seconds: float = 30.0
-    deadline_seconds: float = 1.0
+    deadline_seconds: float = 1.0  # one API call; slower is an outage (fail open)
+    wait_seconds: float = 2.0  # for sibling decisions on the same node; past it, denied Busy
+    # Without an authenticated caller (serve --client-ca), a reservation whose pod the state does
+    # not show on its node within this many seconds is released: forged reviews hold nothing long.
+    confirm_seconds: float = 5.0
     coordinate: tuple[str, ...] | None = None  # None: deviceScheduler.resources
 
     def coordinated(self, resource: str, device_patterns: tuple[str, ...]) -> bool:
@@ -261,7 +265,8 @@ def _node(reader: _Reader, data: Any) -> NodeAdmissionConfig:
 
 
 def _reservations(reader: _Reader, data: Any, where: str) -> ReservationsConfig:
-    data = reader.mapping(data, where, {"namespace", "ttlSeconds", "deadlineSeconds", "coordinate"})
+    keys = {"namespace", "ttlSeconds", "deadlineSeconds", "waitSeconds", "confirmSeconds", "coordinate"}
+    data = reader.mapping(data, where, keys)
     defaults = ReservationsConfig()
     namespace = data.get("namespace", "")
     if not isinstance(namespace, str):
@@ -273,6 +278,10 @@ def _reservations(reader: _Reader, data: Any, where: str) -> ReservationsConfig:
         ttl_seconds=reader.number(data.get("ttlSeconds", defaults.ttl_seconds), f"{where}.ttlSeconds", 1),
         deadline_seconds=reader.number(
             data.get("deadlineSeconds", defaults.deadline_seconds), f"{where}.deadlineSeconds", 0.05
+        ),
+        wait_seconds=reader.number(data.get("waitSeconds", defaults.wait_seconds), f"{where}.waitSeconds", 0),
+        confirm_seconds=reader.number(
+            data.get("confirmSeconds", defaults.confirm_seconds), f"{where}.confirmSeconds", 0.5
         ),
         coordinate=None if coordinate is None else reader.strings(coordinate, f"{where}.coordinate"),
     )

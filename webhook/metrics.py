@@ -120,7 +120,14 @@ class Metrics:
         self.binding_fail_open = Counter(
             "admit_guard_binding_fail_open",
             "Binds allowed unchecked, by why: pod-unknown, state-unavailable, node-unknown, "
-            "api-error, deadline.",
+            "api-error, deadline, table-error, busy.",
+            ["reason"],
+            registry=registry,
+        )
+        self.table_trouble = Counter(
+            "admit_guard_reservation_table_trouble",
+            "Decisions that found the replica's reservation table failing (table-error: decided "
+            "through the Lease alone, or unchecked) or damaged (table-damaged: rebuilt).",
             ["reason"],
             registry=registry,
         )
@@ -153,6 +160,9 @@ class Metrics:
 
     def count_binding_fail_open(self, reason: str) -> None:
         self._child(self.binding_fail_open, reason).inc()  # reasons come from a closed set
+
+    def count_table_trouble(self, reason: str) -> None:
+        self._child(self.table_trouble, reason).inc()  # reasons come from a closed set
 
     def count_bad_request(self, endpoint: str, code: int) -> None:
         self._child(self.bad_requests, closed(endpoint, ENDPOINTS), str(code)).inc()

@@ -144,6 +144,8 @@ def _record(metrics: Metrics, endpoint: str, outcome: Outcome, latency: float) -
         metrics.count_unchecked(endpoint, outcome.allowed)
     if outcome.fail_open:
         metrics.count_binding_fail_open(outcome.fail_open)
+    if outcome.table_trouble:
+        metrics.count_table_trouble(outcome.table_trouble)
     decision = outcome.decision
     if decision is None or req.dry_run:
         return  # dry runs have no side effects, and counting a finding is one

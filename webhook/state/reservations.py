@@ -13,11 +13,17 @@ replica of the guard. Two stores, both "read, re-check, write":
   only arbiter; the guard builds no consensus of its own.
 
 A coordinated bind goes through both: the replica's table is locked for the node while the
-Lease is read and written, and the decision counts the entries of both (the table mirrors the
-replica's Lease entries), so a cpu-only bind sees the cpu a GPU bind reserved, and the other way
-round. A reservation stops counting when the state shows the pod bound (its own record then
-counts, never both), deleted or terminal, or after its TTL; it is dropped from the store only
-when the pod ended or the TTL passed, since another worker's or replica's watch may lag.
+Lease is read and written, and the decision counts the entries of both. The table mirrors what
+the replica last read of the Lease, so a bind that waited for a sibling's decision on the same
+node is decided with what that sibling wrote, and a denial needs no round trip. A reservation
+stops counting when the state shows the pod bound (its own record then counts, never both),
+deleted or terminal, after its TTL, or, for one made by an unauthenticated caller, when the
+state has not shown the pod on its node within its confirmation time; it is dropped from the
+store only then, since another worker's or replica's watch may lag.
+
+Waiting is bounded twice (``Budget``): for siblings (the table's lock, Lease conflicts) by
+``waitSeconds`` — past it the bind is denied ``Busy``, so the scheduler retries — and for
+the API server by ``deadlineSeconds`` a call — a slower answer is an outage (``DeadlineExceeded``).
 """
 
 from __future__ import annotations
@@ -25,12 +31,15 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
+import hashlib
 import mmap
 import os
+import re
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +52,30 @@ from .model import ClusterState, NodeUsage, PodRecord
 
 ANNOTATION = "admit-guard.io/reservations"
 LEASE_PREFIX = "admit-guard-node-"
+MAX_OBJECT_NAME = 253  # a DNS subdomain: the longest Lease name the API server takes
+MAX_FILE_NAME = 255  # bytes, on every filesystem the guard runs on (ext4, xfs, tmpfs, overlay)
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
+
+
+def bounded_name(prefix: str, name: str, limit: int, suffix: str = "") -> str:
+    """``prefix + name + suffix`` when that is a safe name within ``limit`` characters; else a
+    readable head of ``name`` and a hash of all of it, still a DNS subdomain. A 253-character
+    node name (legal) would overflow both a Lease name and a file name."""
+    whole = f"{prefix}{name}{suffix}"
+    if len(whole) <= limit and _DNS_SUBDOMAIN.fullmatch(name):
+        return whole
+    digest = hashlib.sha256(name.encode()).hexdigest()[:16]
+    room = limit - len(prefix) - len(suffix) - len(digest) - 1
+    head = re.sub(r"[^-a-z0-9.]", "-", name.lower())[: max(room, 0)].rstrip(".-")
+    return f"{prefix}{head}-{digest}{suffix}" if head else f"{prefix}{digest}{suffix}"
+
+
+def lease_name(node: str) -> str:
+    return bounded_name(LEASE_PREFIX, node, MAX_OBJECT_NAME)
+
+
+def table_file_name(node: str) -> str:
+    return bounded_name("", node, MAX_FILE_NAME, ".table")
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,42 +85,59 @@ class Reservation:
     requests: dict[str, int]
     host_ports: tuple[HostPort, ...]
     expires: float
+    # An unauthenticated caller's reservation ends here unless the state shows the pod on its
+    # node by then: a forged review holds capacity for seconds, not a TTL. None: until the TTL.
+    confirm_by: float | None = None
 
     def as_json(self) -> dict[str, Any]:
-        return {
+        data = {
             "pod": self.pod,
             "node": self.node,
             "requests": self.requests,
             "hostPorts": [list(p) for p in self.host_ports],
             "expires": self.expires,
         }
+        if self.confirm_by is not None:
+            data["confirmBy"] = self.confirm_by
+        return data
 
     @classmethod
     def from_json(cls, data: Any) -> Reservation | None:
         try:
+            confirm_by = data.get("confirmBy")
             return cls(
                 str(data["pod"]),
                 str(data["node"]),
                 {str(k): int(v) for k, v in data["requests"].items()},
                 tuple((str(p[0]), str(p[1]), int(p[2])) for p in data.get("hostPorts") or ()),
                 float(data["expires"]),
+                float(confirm_by) if confirm_by is not None else None,
             )
         except (KeyError, TypeError, ValueError, AttributeError):
             return None  # a foreign or damaged entry holds nothing
 
     @classmethod
-    def of(cls, record: PodRecord, node: str, ttl: float, now: float) -> Reservation:
+    def of(
+        cls, record: PodRecord, node: str, ttl: float, now: float, confirm_within: float | None = None
+    ) -> Reservation:
         requests = {r: a for r, a in record.requests.items() if a}
-        return cls(record.key, node, requests, record.host_ports, now + ttl)
+        confirm_by = now + confirm_within if confirm_within is not None else None
+        return cls(record.key, node, requests, record.host_ports, now + ttl, confirm_by)
 
 
 def kept(reservation: Reservation, state: ClusterState, now: float) -> bool:
-    """Whether a stored reservation is written back: until its TTL, unless the pod ended.
+    """Whether a stored reservation is written back: until its TTL, unless the pod ended, or its
+    confirmation time passed without the state showing the pod on its node.
 
     A pod this state shows bound is kept too: another worker or replica whose watch lags still
     sees it pending, without its record in the node's usage, and must count the reservation.
     """
-    return reservation.expires > now and reservation.pod not in state.ended
+    if reservation.expires <= now or reservation.pod in state.ended:
+        return False
+    if reservation.confirm_by is None or now < reservation.confirm_by:
+        return True
+    record = state.pods.get(reservation.pod)
+    return record is not None and record.node == reservation.node
 
 
 def counts(reservation: Reservation, state: ClusterState, now: float) -> bool:
@@ -117,6 +167,15 @@ def usage_with(usage: NodeUsage, reservations: list[Reservation]) -> NodeUsage:
     return NodeUsage(requested, pods, ports)
 
 
+def merged(*stores: list[Reservation]) -> list[Reservation]:
+    """One entry per pod over several stores' entries (the first seen wins), in order."""
+    seen: dict[str, Reservation] = {}
+    for entries in stores:
+        for reservation in entries:
+            seen.setdefault(reservation.pod, reservation)
+    return list(seen.values())
+
+
 # ``decide(stored) -> bool``: given every reservation a store holds for the node (the new pod's
 # own included, for the caller to set aside), whether the new one fits. ``reserve`` returns that
 # verdict and, when it is True and ``write`` is set, stores the new reservation beside the
@@ -125,8 +184,47 @@ Decide = Callable[[list[Reservation]], bool]
 Keep = Callable[[Reservation], bool]
 
 
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """How long one decision may wait for its siblings, and how long one API call may take.
+
+    Waiting for a sibling decision on the same node (the table's lock, a Lease another writer
+    just replaced) is not an outage: past ``wait_until`` the decision is ``Busy`` and denied,
+    never allowed unchecked. An API call gets ``call_seconds`` whenever it starts; only an API
+    server slower than that fails open.
+    """
+
+    wait_until: float  # time.monotonic()
+    call_seconds: float
+
+    @classmethod
+    def start(cls, wait_seconds: float, call_seconds: float) -> Budget:
+        return cls(time.monotonic() + wait_seconds, call_seconds)
+
+    def waiting(self) -> float:
+        return max(0.0, self.wait_until - time.monotonic())
+
+
+class Busy(Exception):
+    """Sibling decisions on the same node held it past the wait budget: retry later."""
+
+
 class DeadlineExceeded(Exception):
-    """The coordination did not finish within the decision's deadline."""
+    """The API server took longer than the deadline to answer one coordination call."""
+
+
+@dataclass(slots=True)
+class HeldTable:
+    """A node's table while this thread holds its lock: the entries, and whether they were found
+    damaged (then read as empty: the caller rebuilds them from the Lease and the state)."""
+
+    entries: list[Reservation]
+    damaged: bool
+    _file: _TableFile
+
+    def store(self, entries: list[Reservation]) -> None:
+        self._file.write(entries)
+        self.entries, self.damaged = entries, False
 
 
 class LocalTable:
@@ -142,9 +240,11 @@ class LocalTable:
     (``_try_flock``). A thread that released the interpreter there would hand it to another
     thread for a whole switch interval while the node stays locked for every worker; measured
     under load, that convoy cost more than the rest of the table together. Files only grow, so
-    a mapping never points past the end of its file. Each worker keeps up to ``OPEN_FILES``
-    descriptors (a file and its mapping's) open; files opened before a fork are never used
-    after it: ``flock`` would not keep the processes apart on a shared open file.
+    a mapping never points past the end of its own writes; a file cut short by anything else is
+    found before its mapping is touched (a store past the end would be SIGBUS). Each worker
+    keeps up to ``OPEN_FILES`` descriptors (a file and its mapping's) open; files opened before
+    a fork are never used after it: ``flock`` would not keep the processes apart on a shared
+    open file.
     """
 
     OPEN_FILES = 128
@@ -157,40 +257,47 @@ class LocalTable:
         self._files: dict[str, _TableFile] = {}  # node → open file, used only under its lock
         self._guard = threading.Lock()
 
-    def reserve(
-        self, new: Reservation, decide: Decide, keep: Keep, *, write: bool = True, deadline: float
-    ) -> bool:
-        """Raises ``DeadlineExceeded`` when another thread or worker holds the node's lock past
-        the deadline, ``OSError`` when the table cannot be read or written."""
-        lock = self._lock(new.node)
-        if not lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
-            raise DeadlineExceeded(f"waiting for the lock of {self._path(new.node)}")
+    @contextmanager
+    def locked(self, node: str, wait_until: float) -> Iterator[HeldTable]:
+        """The node's entries, locked against every other thread and worker of the replica.
+
+        Raises ``Busy`` when others hold the lock past ``wait_until`` (monotonic), ``OSError``
+        when the table cannot be opened, read or written."""
+        lock = self._lock(node)
+        if not lock.acquire(timeout=max(0.0, wait_until - time.monotonic())):
+            raise Busy(f"waiting for the lock of {self._path(node)}")
         try:
-            table = self._files.get(new.node) or _TableFile(self._path(new.node))
+            table = self._files.get(node) or _TableFile(self._path(node))
             try:
-                _flock(table.fd, deadline, table.path)
+                _flock(table.fd, wait_until, table.path)
                 try:
-                    stored = table.read()
-                    fits = decide(stored)
-                    if fits and write:
-                        table.write(_after(stored, new, keep))
-                    return fits
+                    entries, damaged = table.read()
+                    yield HeldTable(entries, damaged, table)
                 finally:
                     _unlock(table.fd)
             finally:
-                self._keep_open(new.node, table)
+                self._keep_open(node, table)
         finally:
             lock.release()
 
+    def reserve(
+        self, new: Reservation, decide: Decide, keep: Keep, *, write: bool = True, deadline: float
+    ) -> bool:
+        """``decide`` over the node's entries; when it fits (and ``write``), store ``new`` beside
+        the ``keep`` ones. ``deadline``: how long to wait for the lock (monotonic)."""
+        with self.locked(new.node, deadline) as held:
+            fits = decide(held.entries)
+            if fits and write:
+                held.store(_after(held.entries, new, keep))
+            return fits
+
     def entries(self, node: str, deadline: float) -> list[Reservation]:
         """What the table holds for ``node`` (all of it: the caller judges what still counts)."""
-        seen: list[Reservation] = []
-        probe = Reservation("", node, {}, (), 0.0)
-        self.reserve(probe, lambda stored: seen.extend(stored) or False, bool, write=False, deadline=deadline)
-        return seen
+        with self.locked(node, deadline) as held:
+            return list(held.entries)
 
     def _path(self, node: str) -> Path:
-        return self.directory / f"{node}.table"
+        return self.directory / table_file_name(node)
 
     def _lock(self, node: str) -> threading.Lock:
         with self._guard:
@@ -234,17 +341,22 @@ class _TableFile:
         self.offset = self.length = 0
         self.entries: list[Reservation] = []
 
-    def read(self) -> list[Reservation]:
-        """Under the file lock. Unparsed unless another worker wrote since this one last looked."""
+    def read(self) -> tuple[list[Reservation], bool]:
+        """Under the file lock: the entries, and whether the file was found damaged (a header
+        pointing past the end, entries that do not parse, a file cut short under its mapping).
+        Unparsed unless another worker wrote since this one last looked."""
+        damaged = self._cut_short()
         table = self._mapping(_HEADER.size)
         generation, offset, length = _HEADER.unpack_from(table)
-        if generation != self.generation:
+        if generation != self.generation or damaged:
             table = self._mapping(offset + length, grow=False) if offset >= _HEADER.size else None
             if table is None:  # nothing written yet, or entries past the end of the file (damage)
+                damaged = damaged or generation != 0 or offset != 0 or length != 0
                 offset = length = 0
-            self.entries = _entries(table[offset : offset + length]) if table else []
+            self.entries, unreadable = _parsed(table[offset : offset + length] if table else None)
+            damaged = damaged or unreadable
             self.generation, self.offset, self.length = generation, offset, length
-        return self.entries
+        return self.entries, damaged
 
     def write(self, entries: list[Reservation]) -> None:
         """Under the file lock, after ``read``."""
@@ -261,6 +373,17 @@ class _TableFile:
         _HEADER.pack_into(table, 0, self.generation + 1, start, len(data))
         self.generation, self.offset, self.length = self.generation + 1, start, len(data)
         self.entries = entries
+
+    def _cut_short(self) -> bool:
+        """Whether the file is now shorter than this worker's mapping of it (truncated by
+        something other than the guard): the mapping is dropped before any access past the end
+        can kill the worker, and the file is read again from what is left."""
+        if self.map is None or os.fstat(self.fd).st_size >= len(self.map):
+            return False
+        self.map.close()
+        self.map = None
+        self.generation = -1
+        return True
 
     def _mapping(self, size: int, *, grow: bool = True) -> mmap.mmap | None:
         """A mapping of at least ``size`` bytes: the file grows (doubling) when it is shorter,
@@ -330,12 +453,12 @@ def _unlock(fd: int) -> None:
         fcntl.flock(fd, fcntl.LOCK_UN)
 
 
-def _flock(fd: int, deadline: float, path: Path) -> None:
-    """The file lock another worker may hold for its own decision (bounded by its deadline)."""
+def _flock(fd: int, wait_until: float, path: Path) -> None:
+    """The file lock another worker may hold for its own decision."""
     pause = 0.00005
     while not _try_flock(fd):
-        if time.monotonic() >= deadline:
-            raise DeadlineExceeded(f"waiting for the lock of {path}")
+        if time.monotonic() >= wait_until:
+            raise Busy(f"waiting for the lock of {path}")
         time.sleep(pause)
         pause = min(2 * pause, 0.002)
 
@@ -344,12 +467,20 @@ def _after(stored: list[Reservation], new: Reservation, keep: Keep) -> list[Rese
     return [*(r for r in stored if r.pod != new.pod and keep(r)), new]
 
 
-def _entries(data: bytes | str | None) -> list[Reservation]:
+def _parsed(data: bytes | str | None) -> tuple[list[Reservation], bool]:
+    """The entries in ``data``, and whether any of it did not parse (damage)."""
     try:
         raw = orjson.loads(data) if data else []
     except orjson.JSONDecodeError:
-        return []
-    return [r for r in map(Reservation.from_json, raw if isinstance(raw, list) else []) if r is not None]
+        return [], True
+    if not isinstance(raw, list):
+        return [], True
+    entries = [r for r in map(Reservation.from_json, raw) if r is not None]
+    return entries, len(entries) != len(raw)
+
+
+def _entries(data: bytes | str | None) -> list[Reservation]:
+    return _parsed(data)[0]
 
 
 class LeaseStore:
@@ -361,16 +492,18 @@ class LeaseStore:
         self.writes = 0  # API writes, for the benchmark's writes per bind
 
     def reserve(
-        self, new: Reservation, decide: Decide, keep: Keep, *, write: bool = True, deadline: float
-    ) -> bool:
-        """Raises ``ApiError`` (the API server failed) or ``DeadlineExceeded``."""
+        self, new: Reservation, decide: Decide, keep: Keep, *, write: bool = True, budget: Budget
+    ) -> tuple[bool, list[Reservation]]:
+        """``decide`` over the Lease's entries and, when it fits (and ``write``), replace the
+        Lease with ``new`` beside the ``keep`` ones: (the verdict, the entries last read).
+
+        A 409 (another writer won) reads again and decides again, until ``budget.wait_until``:
+        then ``Busy``. Raises ``DeadlineExceeded`` when one call takes longer than
+        ``budget.call_seconds`` and ``ApiError`` when the API server fails."""
         path = f"/apis/coordination.k8s.io/v1/namespaces/{self.namespace}/leases"
-        name = LEASE_PREFIX + new.node
+        name = lease_name(new.node)
         while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise DeadlineExceeded(f"coordinating on Lease {self.namespace}/{name}")
-            status, lease = self.api.request_json("GET", f"{path}/{name}", timeout=remaining)
+            status, lease = self._call(budget, "GET", f"{path}/{name}", None, name)
             if status == 404:
                 lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": name}}
             elif status != 200:
@@ -380,18 +513,33 @@ class LeaseStore:
             stored = _entries(annotations.get(ANNOTATION))
             fits = decide(stored)
             if not fits or not write:
-                return fits
+                return fits, stored
+            entries = _after(stored, new, keep)
             metadata["annotations"] = {
                 **annotations,
-                ANNOTATION: orjson.dumps([r.as_json() for r in _after(stored, new, keep)]).decode(),
+                ANNOTATION: orjson.dumps([r.as_json() for r in entries]).decode(),
             }
-            remaining = max(0.001, deadline - time.monotonic())
             if status == 404:
-                status, answer = self.api.request_json("POST", path, lease, timeout=remaining)
+                status, answer = self._call(budget, "POST", path, lease, name)
             else:
-                status, answer = self.api.request_json("PUT", f"{path}/{name}", lease, timeout=remaining)
+                status, answer = self._call(budget, "PUT", f"{path}/{name}", lease, name)
             self.writes += 1
             if status in (200, 201):
-                return True
+                return True, entries
             if status != 409:  # 409: another writer won; read again and re-check
                 raise ApiError(status, f"write Lease {self.namespace}/{name}: {answer.get('message', '')}")
+            if budget.waiting() <= 0:
+                raise Busy(f"Lease {self.namespace}/{name} kept changing under other writers")
+
+    def _call(
+        self, budget: Budget, method: str, path: str, body: dict | None, name: str
+    ) -> tuple[int, dict[str, Any]]:
+        started = time.monotonic()
+        try:
+            return self.api.request_json(method, path, body, timeout=budget.call_seconds)
+        except ApiError:
+            if time.monotonic() - started >= budget.call_seconds:
+                raise DeadlineExceeded(
+                    f"{method} Lease {self.namespace}/{name} took over {budget.call_seconds:g} s"
+                ) from None
+            raise

@@ -1,0 +1,19 @@
+"""Fixtures more than one test module uses."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.fake_apiserver import Cluster, FakeApiServer
+from webhook.state.apiserver import ApiServer
+from webhook.state.reservations import LeaseStore
+
+
+@pytest.fixture
+def leases(tmp_path):
+    """A fake API server's Leases and a ``LeaseStore`` in namespace admit-guard on it."""
+    cluster = Cluster()
+    server = FakeApiServer(cluster)
+    api = ApiServer.connect(kubeconfig=server.kubeconfig(tmp_path / "kubeconfig"))
+    yield cluster, LeaseStore(api, "admit-guard")
+    server.close()
