@@ -54,6 +54,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/slow_clients_bench.py
 	$(BIN)/python bench/check_bench.py
 	$(BIN)/python bench/binding_bench.py
+	$(BIN)/python bench/slow_lease_bench.py
 
 # promtool (Debian's prometheus package) for the alert rules' unit tests.
 promtool:

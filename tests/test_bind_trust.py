@@ -111,7 +111,7 @@ def test_a_binding_namespace_comes_from_the_request_not_from_the_object(tmp_path
 def _unwritable_table(monkeypatch) -> None:
     from webhook.state import reservations
 
-    def read_only(self, path):
+    def read_only(self, path, codec):
         raise OSError(errno.EROFS, "Read-only file system", str(path))
 
     monkeypatch.setattr(reservations._TableFile, "__init__", read_only)

@@ -579,14 +579,21 @@ def serve(
     from .state.rejections import StormBreakers
     from .state.reservations import LeaseStore, LocalTable
     from .state.source import FixedState
+    from .state.storm_probes import shared_probes
+
+    waits = config.node_admission.reservations
 
     def app():
         """Runs in each worker after the fork: threads and connections are per process."""
         local = LocalTable(reservations)
+        api = _api_server(kubeconfig, context) if live else None
+        probes = shared_probes(
+            reservations / "storm", api, _guard_namespace(config), waits.wait_seconds, waits.deadline_seconds
+        )
         if live:
             storm = StormBreakers.from_config(config.storm_breaker)
             source = Informer(_api_server(kubeconfig, context), Timing(max_age=max_state_age), storm).start()
-            leases = LeaseStore(_api_server(kubeconfig, context), _guard_namespace(config))
+            leases = LeaseStore(api, _guard_namespace(config))
             return create_app(
                 config,
                 source,
@@ -594,6 +601,7 @@ def serve(
                 max_body_bytes=max_body_bytes,
                 audit_interval=audit_interval,
                 bind_guard=BindGuard(config, local, leases),
+                storm_probes=probes,
             )
         # The snapshot was loaded once, before the fork: workers share its pages.
         return create_app(
@@ -602,6 +610,7 @@ def serve(
             max_body_bytes=max_body_bytes,
             audit_interval=audit_interval,
             bind_guard=BindGuard(config, local),
+            storm_probes=probes,
         )
 
     options = ServeOptions(

@@ -25,7 +25,9 @@ from .decision_log import flush_decision_lines, line_writer, log_lines_in_backgr
 from .endpoints import AdmissionEndpoints, error_body
 from .kube.rejection import controller_owner
 from .metrics import Metrics
+from .state.rejections import StormBreakers
 from .state.source import StateSource
+from .state.storm_probes import SharedProbes
 
 SOURCE_EXTENSION = "admit_guard.state_source"
 AUDIT_EXTENSION = "admit_guard.periodic_audit"
@@ -41,11 +43,14 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY,
     audit_interval: float | None = None,
     bind_guard: BindGuard | None = None,
+    storm_probes: SharedProbes | None = None,
 ) -> Flask:
     """Build the webhook app. ``source`` supplies the cluster state and its readiness.
 
     ``audit_interval``: run the node audit on the state every so many seconds (gauges).
+    ``storm_probes``: where the storm breakers' probe slots are shared (None: this worker alone).
     """
+    probes = storm_probes or SharedProbes(None, None, 0.0, 0.0)
     app = Flask("admit_guard")
     app.config["MAX_CONTENT_LENGTH"] = max_body_bytes
     app.extensions[SOURCE_EXTENSION] = source  # gunicorn's worker_exit closes it
@@ -84,10 +89,13 @@ def create_app(
                 with source.reading() as view:
                     outcome = admission.review(req, endpoint, view.state, config, view.unavailable, now)
                     judged = (view.state, view.state.revision) if view.state is not None else None
-                    if endpoint == VALIDATE:
-                        _admit_storm_probe(view.state, req, outcome, now)
-                    if view.state is not None:
-                        metrics.observe_storm_now_and_then(view.state.storm)
+                    storm = view.state.storm if view.state is not None else None
+                    if storm is not None:
+                        metrics.observe_storm_now_and_then(storm)
+                owner = _probe_owner(storm, req, outcome, now) if endpoint == VALIDATE else None
+                if owner is not None and not probes.claim(storm, owner, now):  # round trips: no lock held
+                    with source.reading() as view:  # another probe holds the slot: the breaker denies
+                        outcome = admission.review(req, endpoint, view.state, config, view.unavailable, now)
                 if endpoint == VALIDATE and bind_guard is not None:  # round trips: no lock held
                     outcome = bind_guard.review_created(req, source, outcome, judged)
         except Exception as err:  # a bug must not become a 500 on the path of every pod
@@ -158,17 +166,18 @@ def _record(metrics: Metrics, endpoint: str, outcome: Outcome, latency: float) -
         metrics.count_finding(violation.policy, violation.reason, outcome_label)
 
 
-def _admit_storm_probe(state, req: AdmissionRequest, outcome: Outcome, now: float) -> None:
-    """An allowed pod of an owner whose breaker waits for a probe is that probe: record it, so
-    the owner's next pods are denied until the probe runs or is rejected."""
-    storm = state.storm if state is not None else None
+def _probe_owner(
+    storm: StormBreakers | None, req: AdmissionRequest, outcome: Outcome, now: float
+) -> str | None:
+    """The owner whose probe an allowed pod would be (its breaker waits for one), or None. The
+    pod passes only if it takes the probe slot, so the owner's next pods are denied until the
+    probe runs or is rejected."""
     if storm is None or not storm.breakers or not outcome.allowed or req.dry_run:
-        return
+        return None
     if req.operation != "CREATE" or req.kind != "Pod" or req.obj is None:
-        return
+        return None
     owner = controller_owner(req.obj)
-    if owner is not None and storm.verdict(owner.uid, now).probe:
-        storm.probe_admitted(owner.uid, now)
+    return owner.uid if owner is not None and storm.verdict(owner.uid, now).probe else None
 
 
 def _log_line(endpoint: str, outcome: Outcome, latency: float) -> str:

@@ -15,6 +15,13 @@ closed → open when ``threshold`` rejections fall within ``window``; open denie
 CREATEs; ``cooldown`` after the last rejection it admits one probe (half-open) and still denies
 the others; the probe rejected → open again with the cool-down doubled (at most an hour); a
 pod of the owner seen Running while half-open → closed.
+
+Agreement. Rejections reach every worker alike, but a probe is admitted by one worker, and only
+it would know to double the cool-down when the probe is rejected, or to close on a Running pod.
+So the probe slot is shared (``storm_probes.SharedProbes``): a worker whose breaker would admit a probe first
+claims the slot in the replica's table and, across replicas, in a Lease per open breaker (etcd
+is the arbiter), adopting what the others did (``adopt``): a probe out, rejected, or run. Exactly
+one probe passes per half-open period, cluster-wide, and every worker's cool-down is the same.
 """
 
 from __future__ import annotations
@@ -49,6 +56,8 @@ class Breaker:
     last_rejection: float = 0.0
     cooldown: float = 0.0
     probe_at: float | None = None
+    opened_at: float = 0.0  # when it last left closed: probes older than that were another storm's
+    running_at: float = 0.0  # the last pod of the owner seen Running
 
     def in_window(self, now: float, window: float) -> int:
         return sum(1 for at in self.recent if at > now - window)
@@ -145,10 +154,11 @@ class StormBreakers:
         """A pod of the owner is Running: a half-open breaker closes."""
         with self._lock:
             breaker = self.breakers.get(owner_uid)
-            if breaker is not None and breaker.state == HALF_OPEN and at >= (breaker.probe_at or 0.0):
-                breaker.state, breaker.probe_at = CLOSED, None
-                breaker.recent.clear()  # the pods stay seen: listed again, they count no more
-                log.info("storm breaker closed for %s: a pod is Running", _describe(breaker.owner))
+            if breaker is None:
+                return
+            breaker.running_at = max(breaker.running_at, at)
+            if breaker.state == HALF_OPEN and at >= (breaker.probe_at or 0.0):
+                self._close(breaker)
 
     # -- what a review asks, and what the server reports back ----------------------------
 
@@ -175,6 +185,32 @@ class StormBreakers:
             self.probes += 1
             log.info("storm breaker half-open for %s: one probe pod admitted", _describe(breaker.owner))
 
+    def next_probe(self, owner_uid: str, now: float) -> ProbeSlot | None:
+        """The slot a probe admitted now would take, or None when no probe may pass now."""
+        breaker = self.breakers.get(owner_uid)
+        if breaker is None or not self.verdict(owner_uid, now).probe:
+            return None
+        return ProbeSlot(now, breaker.cooldown)
+
+    def adopt(self, owner_uid: str, slot: ProbeSlot | None) -> None:
+        """What another worker or replica did with this storm's probe: admitted it (half-open,
+        with its cool-down), saw it rejected (open, the cool-down doubled), or saw a pod of the
+        owner Running since (closed). A slot from before this storm opened is another storm's."""
+        with self._lock:
+            breaker = self.breakers.get(owner_uid)
+            if slot is None or breaker is None or breaker.state == CLOSED or slot.at < breaker.opened_at:
+                return
+            if breaker.state == HALF_OPEN and (breaker.probe_at or 0.0) >= slot.at:
+                return  # this worker's own probe, or a later one
+            if breaker.last_rejection > slot.at:  # the probe was rejected
+                doubled = min(2 * slot.cooldown, MAX_COOLDOWN)
+                if breaker.state == HALF_OPEN or breaker.cooldown < doubled:
+                    self._open(breaker, doubled, "the probe was rejected")
+            elif breaker.running_at >= slot.at:
+                self._close(breaker)
+            else:
+                breaker.state, breaker.probe_at, breaker.cooldown = HALF_OPEN, slot.at, slot.cooldown
+
     def open_breakers(self) -> list[Breaker]:
         with self._lock:
             return [b for b in self.breakers.values() if b.state != CLOSED]
@@ -197,10 +233,26 @@ class StormBreakers:
         return breaker.quiet_since() <= now - breaker.cooldown - self.window
 
     def _open(self, breaker: Breaker, cooldown: float, why: str) -> None:
+        if breaker.state == CLOSED:
+            breaker.opened_at = breaker.last_rejection
         breaker.state, breaker.cooldown, breaker.probe_at = OPEN, cooldown, None
         log.warning(
             "storm breaker open for %s: %s; cool-down %.0f s", _describe(breaker.owner), why, cooldown
         )
+
+
+    def _close(self, breaker: Breaker) -> None:
+        breaker.state, breaker.probe_at = CLOSED, None
+        breaker.recent.clear()  # the pods stay seen: listed again, they count no more
+        log.info("storm breaker closed for %s: a pod is Running", _describe(breaker.owner))
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeSlot:
+    """A probe admitted somewhere: when, and the cool-down then in force."""
+
+    at: float
+    cooldown: float
 
 
 def _describe(owner: Owner) -> str:

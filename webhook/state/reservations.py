@@ -71,6 +71,7 @@ def bounded_name(prefix: str, name: str, limit: int, suffix: str = "") -> str:
 
 
 def lease_name(node: str) -> str:
+    """The Lease that holds a node's reservations."""
     return bounded_name(LEASE_PREFIX, node, MAX_OBJECT_NAME)
 
 
@@ -176,6 +177,28 @@ def merged(*stores: list[Reservation]) -> list[Reservation]:
     return list(seen.values())
 
 
+@dataclass(frozen=True, slots=True)
+class Codec:
+    """How a store's records are kept as JSON: ``load`` gives the records and whether any did not
+    parse (damage); ``dump`` the JSON value to store. The stores below are the same for the
+    bind guard's reservations and the storm breakers' probe slots; only the records differ."""
+
+    load: Callable[[Any], tuple[Any, bool]]
+    dump: Callable[[Any], Any]
+
+
+def _load_reservations(raw: Any) -> tuple[list[Reservation], bool]:
+    if raw is None:
+        return [], False
+    if not isinstance(raw, list):
+        return [], True
+    entries = [r for r in map(Reservation.from_json, raw) if r is not None]
+    return entries, len(entries) != len(raw)
+
+
+RESERVATIONS = Codec(_load_reservations, lambda entries: [r.as_json() for r in entries])
+
+
 # ``decide(stored) -> bool``: given every reservation a store holds for the node (the new pod's
 # own included, for the caller to set aside), whether the new one fits. ``reserve`` returns that
 # verdict and, when it is True and ``write`` is set, stores the new reservation beside the
@@ -215,21 +238,21 @@ class DeadlineExceeded(Exception):
 
 @dataclass(slots=True)
 class HeldTable:
-    """A node's table while this thread holds its lock: the entries, and whether they were found
-    damaged (then read as empty: the caller rebuilds them from the Lease and the state)."""
+    """One key's records while this thread holds its lock, and whether they were found damaged
+    (then read as empty: the caller rebuilds them from the Lease and the state)."""
 
-    entries: list[Reservation]
+    entries: Any  # the codec's records: a node's reservations, an owner's probe slot
     damaged: bool
     _file: _TableFile
 
-    def store(self, entries: list[Reservation]) -> None:
+    def store(self, entries: Any) -> None:
         self._file.write(entries)
         self.entries, self.damaged = entries, False
 
 
 class LocalTable:
-    """Reservations shared by the workers of one replica: a memory-mapped file per node, under
-    ``flock``.
+    """Records shared by the workers of one replica: a memory-mapped file per key (a node's
+    reservations, by default), under ``flock``.
 
     The file holds a header (a generation, bumped on every write, and where the entries are)
     and the entries as JSON. Each worker keeps the entries it last read or wrote with their generation,
@@ -249,9 +272,10 @@ class LocalTable:
 
     OPEN_FILES = 128
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, codec: Codec = RESERVATIONS) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
+        self.codec = codec
         self._pid = os.getpid()
         self._locks: dict[str, threading.Lock] = {}
         self._files: dict[str, _TableFile] = {}  # node → open file, used only under its lock
@@ -259,7 +283,7 @@ class LocalTable:
 
     @contextmanager
     def locked(self, node: str, wait_until: float) -> Iterator[HeldTable]:
-        """The node's entries, locked against every other thread and worker of the replica.
+        """The key's records, locked against every other thread and worker of the replica.
 
         Raises ``Busy`` when others hold the lock past ``wait_until`` (monotonic), ``OSError``
         when the table cannot be opened, read or written."""
@@ -267,7 +291,7 @@ class LocalTable:
         if not lock.acquire(timeout=max(0.0, wait_until - time.monotonic())):
             raise Busy(f"waiting for the lock of {self._path(node)}")
         try:
-            table = self._files.get(node) or _TableFile(self._path(node))
+            table = self._files.get(node) or _TableFile(self._path(node), self.codec)
             try:
                 _flock(table.fd, wait_until, table.path)
                 try:
@@ -331,17 +355,18 @@ class _TableFile:
     at the first store into its mapping, where the allocation fails with ``ENOSPC``.
     """
 
-    __slots__ = ("entries", "fd", "generation", "length", "map", "offset", "path")
+    __slots__ = ("codec", "entries", "fd", "generation", "length", "map", "offset", "path")
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, codec: Codec) -> None:
         self.path = path
+        self.codec = codec
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         self.map: mmap.mmap | None = None
         self.generation = -1
         self.offset = self.length = 0
-        self.entries: list[Reservation] = []
+        self.entries, _ = codec.load(None)
 
-    def read(self) -> tuple[list[Reservation], bool]:
+    def read(self) -> tuple[Any, bool]:
         """Under the file lock: the entries, and whether the file was found damaged (a header
         pointing past the end, entries that do not parse, a file cut short under its mapping).
         Unparsed unless another worker wrote since this one last looked."""
@@ -353,14 +378,15 @@ class _TableFile:
             if table is None:  # nothing written yet, or entries past the end of the file (damage)
                 damaged = damaged or generation != 0 or offset != 0 or length != 0
                 offset = length = 0
-            self.entries, unreadable = _parsed(table[offset : offset + length] if table else None)
+            data = table[offset : offset + length] if table else None
+            self.entries, unreadable = _decoded(data, self.codec)
             damaged = damaged or unreadable
             self.generation, self.offset, self.length = generation, offset, length
         return self.entries, damaged
 
-    def write(self, entries: list[Reservation]) -> None:
+    def write(self, entries: Any) -> None:
         """Under the file lock, after ``read``."""
-        data = orjson.dumps([r.as_json() for r in entries])
+        data = orjson.dumps(self.codec.dump(entries))
         start = max(self.offset + self.length, _HEADER.size)
         if (
             self.map is not None
@@ -467,41 +493,55 @@ def _after(stored: list[Reservation], new: Reservation, keep: Keep) -> list[Rese
     return [*(r for r in stored if r.pod != new.pod and keep(r)), new]
 
 
-def _parsed(data: bytes | str | None) -> tuple[list[Reservation], bool]:
-    """The entries in ``data``, and whether any of it did not parse (damage)."""
+def _decoded(data: bytes | str | None, codec: Codec) -> tuple[Any, bool]:
+    """The records in ``data``, and whether any of it did not parse (damage)."""
     try:
-        raw = orjson.loads(data) if data else []
+        return codec.load(orjson.loads(data) if data else None)
     except orjson.JSONDecodeError:
-        return [], True
-    if not isinstance(raw, list):
-        return [], True
-    entries = [r for r in map(Reservation.from_json, raw) if r is not None]
-    return entries, len(entries) != len(raw)
-
-
-def _entries(data: bytes | str | None) -> list[Reservation]:
-    return _parsed(data)[0]
+        return codec.load(None)[0], True
 
 
 class LeaseStore:
-    """Reservations coordinated through the API server: one Lease per node, optimistic writes."""
+    """Records coordinated through the API server: one Lease per key (a node's reservations, by
+    default) holding them in an annotation, replaced with optimistic concurrency."""
 
-    def __init__(self, api: ApiServer, namespace: str) -> None:
+    def __init__(
+        self,
+        api: ApiServer,
+        namespace: str,
+        *,
+        prefix: str = LEASE_PREFIX,
+        annotation: str = ANNOTATION,
+        codec: Codec = RESERVATIONS,
+    ) -> None:
         self.api = api
         self.namespace = namespace
+        self.prefix, self.annotation, self.codec = prefix, annotation, codec
         self.writes = 0  # API writes, for the benchmark's writes per bind
 
     def reserve(
         self, new: Reservation, decide: Decide, keep: Keep, *, write: bool = True, budget: Budget
     ) -> tuple[bool, list[Reservation]]:
         """``decide`` over the Lease's entries and, when it fits (and ``write``), replace the
-        Lease with ``new`` beside the ``keep`` ones: (the verdict, the entries last read).
+        Lease with ``new`` beside the ``keep`` ones: (the verdict, the entries last read)."""
+        verdict: list = [False, []]
 
-        A 409 (another writer won) reads again and decides again, until ``budget.wait_until``:
-        then ``Busy``. Raises ``DeadlineExceeded`` when one call takes longer than
-        ``budget.call_seconds`` and ``ApiError`` when the API server fails."""
+        def change(stored: list[Reservation]) -> list[Reservation] | None:
+            fits = decide(stored)
+            verdict[:] = [fits, stored]
+            return _after(stored, new, keep) if fits and write else None
+
+        written = self.update(new.node, change, budget)
+        return (True, written) if written is not None else (verdict[0], verdict[1])
+
+    def update(self, key: str, change: Callable[[Any], Any], budget: Budget) -> Any:
+        """Read the key's records, ``change(records)`` (what to write, or None for nothing), and
+        replace the Lease: the records written, or None. A 409 (another writer won) reads
+        again and changes again, until ``budget.wait_until``: then ``Busy``. Raises
+        ``DeadlineExceeded`` when one call takes longer than ``budget.call_seconds`` and
+        ``ApiError`` when the API server fails."""
         path = f"/apis/coordination.k8s.io/v1/namespaces/{self.namespace}/leases"
-        name = lease_name(new.node)
+        name = bounded_name(self.prefix, key, MAX_OBJECT_NAME)
         while True:
             status, lease = self._call(budget, "GET", f"{path}/{name}", None, name)
             if status == 404:
@@ -510,14 +550,13 @@ class LeaseStore:
                 raise ApiError(status, f"GET Lease {self.namespace}/{name}: {lease.get('message', '')}")
             metadata = lease.setdefault("metadata", {})
             annotations = metadata.get("annotations") or {}
-            stored = _entries(annotations.get(ANNOTATION))
-            fits = decide(stored)
-            if not fits or not write:
-                return fits, stored
-            entries = _after(stored, new, keep)
+            records = _decoded(annotations.get(self.annotation), self.codec)[0]
+            changed = change(records)
+            if changed is None:
+                return None
             metadata["annotations"] = {
                 **annotations,
-                ANNOTATION: orjson.dumps([r.as_json() for r in entries]).decode(),
+                self.annotation: orjson.dumps(self.codec.dump(changed)).decode(),
             }
             if status == 404:
                 status, answer = self._call(budget, "POST", path, lease, name)
@@ -525,7 +564,7 @@ class LeaseStore:
                 status, answer = self._call(budget, "PUT", f"{path}/{name}", lease, name)
             self.writes += 1
             if status in (200, 201):
-                return True, entries
+                return changed
             if status != 409:  # 409: another writer won; read again and re-check
                 raise ApiError(status, f"write Lease {self.namespace}/{name}: {answer.get('message', '')}")
             if budget.waiting() <= 0:
