@@ -1,12 +1,16 @@
-"""Where a workload keeps the pod it creates.
+"""Where a workload keeps the pods it creates.
 
-Only the built-in kinds are recognised, by API group as well as kind, so a custom
-``batch.volcano.sh/v1alpha1 Job`` is not mistaken for a ``batch/v1 Job``.
+Built-in kinds are recognised by API group as well as kind, so a custom
+``batch.volcano.sh/v1alpha1 Job`` is not mistaken for a ``batch/v1 Job``. Custom resources of
+the operators GPU clusters run (Volcano, JobSet, Kubeflow, KubeRay, LeaderWorkerSet, Kubeflow
+Trainer) are found through a table of template paths (``WORKLOADS``), which users extend in
+config (``workloads:``) without code.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,3 +85,181 @@ def _mapping(obj: Mapping[str, Any], path: tuple[str, ...], prefix: str = "") ->
         if not isinstance(current, Mapping):
             raise FieldError(walked, "must be a mapping")
     return current
+
+
+# -- custom resources: a table of template paths -------------------------------------------
+
+_SEGMENT = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_-]*)(?P<list>\[\*\])?|(?P<values>\*)")
+
+
+@dataclass(frozen=True, slots=True)
+class FieldPath:
+    """A path into an object: ``spec.tasks[*].template`` (``[*]``: every item of a list) or
+    ``spec.pytorchReplicaSpecs.*.template`` (``*``: every value of a map). A path that matches
+    nothing in an object means that object has no template there, not an error."""
+
+    text: str
+    steps: tuple[tuple[str, str], ...]  # ("key", name), ("items", name) or ("values", "")
+
+    @classmethod
+    def parse(cls, text: str) -> FieldPath:
+        """Raises ``ValueError`` naming the segment that is not a field name, ``name[*]`` or ``*``."""
+        if not isinstance(text, str) or not text:
+            raise ValueError("must be a path like spec.tasks[*].template")
+        steps = []
+        for segment in text.split("."):
+            match = _SEGMENT.fullmatch(segment)
+            if match is None:
+                raise ValueError(f"{text!r}: segment {segment!r} is not a field name, name[*] or *")
+            if match["values"]:
+                steps.append(("values", ""))
+            else:
+                steps.append(("items" if match["list"] else "key", match["name"]))
+        return cls(text, tuple(steps))
+
+    def find(self, obj: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
+        """Every (JSON pointer, value) the path reaches in ``obj``."""
+        found: list[tuple[str, Any]] = [("", obj)]
+        for kind, name in self.steps:
+            reached = []
+            for pointer, value in found:
+                if not isinstance(value, Mapping):
+                    continue
+                if kind == "values":
+                    reached.extend((f"{pointer}/{_escape(k)}", v) for k, v in value.items())
+                    continue
+                child = value.get(name)
+                if kind == "key":
+                    if child is not None:
+                        reached.append((f"{pointer}/{_escape(name)}", child))
+                elif isinstance(child, list):
+                    reached.extend((f"{pointer}/{_escape(name)}/{i}", item) for i, item in enumerate(child))
+            found = reached
+        return iter(found)
+
+    def first(self, obj: Mapping[str, Any]) -> Any:
+        return next((value for _, value in self.find(obj)), None)
+
+
+def _escape(key: Any) -> str:
+    return str(key).replace("~", "~0").replace("/", "~1")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadKind:
+    """A custom resource whose controller creates pods from templates inside it.
+
+    ``scheduler_name``: the object's field whose value a pod gets when its template names no
+    scheduler (Volcano's ``spec.schedulerName``), and ``scheduler_default`` when that field is
+    empty too; None: pods keep their template's ``schedulerName`` (default-scheduler if unset).
+    """
+
+    group: str
+    kind: str
+    templates: tuple[FieldPath, ...]
+    scheduler_name: FieldPath | None = None
+    scheduler_default: str | None = None
+    source: str = ""  # where the paths come from, for the docs
+
+    @classmethod
+    def of(cls, api_version: str, kind: str, templates, scheduler_name=None, default=None, source=""):
+        group = api_version.rsplit("/", 1)[0] if "/" in api_version else ""
+        scheduler = FieldPath.parse(scheduler_name) if scheduler_name else None
+        return cls(group, kind, tuple(map(FieldPath.parse, templates)), scheduler, default, source)
+
+
+_RAY_CLUSTER = ("headGroupSpec.template", "workerGroupSpecs[*].template")
+_KUBEFLOW = "kubeflow/training-operator pkg/apis/kubeflow.org/v1 (ReplicaSpec.Template)"
+
+# Each project's own API types; the citations say where. Scheduler names: Volcano's Job
+# controller gives a pod the Job's spec.schedulerName when its template has none
+# (pkg/controllers/job/job_controller_util.go createJobPod; the Volcano webhook defaults it to
+# "volcano"). Kubeflow and KubeRay pick gang schedulers by operator flags, not object fields;
+# JobSet, LeaderWorkerSet and Trainer pods keep their templates' schedulerName.
+WORKLOADS: tuple[WorkloadKind, ...] = (
+    WorkloadKind.of(
+        "batch.volcano.sh/v1alpha1", "Job", ["spec.tasks[*].template"], "spec.schedulerName", "volcano",
+        "volcano-sh/apis pkg/apis/batch/v1alpha1/job.go (JobSpec.SchedulerName, TaskSpec.Template)",
+    ),
+    WorkloadKind.of(
+        "batch.volcano.sh/v1alpha1", "CronJob", ["spec.jobTemplate.spec.tasks[*].template"],
+        "spec.jobTemplate.spec.schedulerName", "volcano",
+        "volcano-sh/apis pkg/apis/batch/v1alpha1 (CronJobSpec.JobTemplate)",
+    ),
+    WorkloadKind.of(
+        "jobset.x-k8s.io/v1alpha2", "JobSet", ["spec.replicatedJobs[*].template.spec.template"],
+        source="kubernetes-sigs/jobset api/jobset/v1alpha2/jobset_types.go (ReplicatedJob.Template)",
+    ),
+    WorkloadKind.of("kubeflow.org/v1", "PyTorchJob", ["spec.pytorchReplicaSpecs.*.template"],
+                    source=_KUBEFLOW),
+    WorkloadKind.of("kubeflow.org/v1", "TFJob", ["spec.tfReplicaSpecs.*.template"], source=_KUBEFLOW),
+    WorkloadKind.of("kubeflow.org/v1", "XGBoostJob", ["spec.xgbReplicaSpecs.*.template"], source=_KUBEFLOW),
+    WorkloadKind.of("kubeflow.org/v1", "PaddleJob", ["spec.paddleReplicaSpecs.*.template"], source=_KUBEFLOW),
+    WorkloadKind.of("kubeflow.org/v1", "JAXJob", ["spec.jaxReplicaSpecs.*.template"], source=_KUBEFLOW),
+    WorkloadKind.of(
+        "kubeflow.org/v2beta1", "MPIJob", ["spec.mpiReplicaSpecs.*.template"],
+        source="kubeflow/mpi-operator pkg/apis/kubeflow/v2beta1/types.go (MPIReplicaSpecs)",
+    ),
+    WorkloadKind.of(
+        "ray.io/v1", "RayCluster", [f"spec.{p}" for p in _RAY_CLUSTER],
+        source="ray-project/kuberay ray-operator/apis/ray/v1/raycluster_types.go",
+    ),
+    WorkloadKind.of(
+        "ray.io/v1", "RayJob",
+        [*(f"spec.rayClusterSpec.{p}" for p in _RAY_CLUSTER), "spec.submitterPodTemplate"],
+        source="ray-project/kuberay ray-operator/apis/ray/v1/rayjob_types.go",
+    ),
+    WorkloadKind.of(
+        "ray.io/v1", "RayService", [f"spec.rayClusterConfig.{p}" for p in _RAY_CLUSTER],
+        source="ray-project/kuberay ray-operator/apis/ray/v1/rayservice_types.go",
+    ),
+    WorkloadKind.of(
+        "leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet",
+        ["spec.leaderWorkerTemplate.leaderTemplate", "spec.leaderWorkerTemplate.workerTemplate"],
+        source="kubernetes-sigs/lws api/leaderworkerset/v1/leaderworkerset_types.go",
+    ),
+    *(
+        WorkloadKind.of(
+            "trainer.kubeflow.org/v1alpha1", kind,
+            ["spec.template.spec.replicatedJobs[*].template.spec.template"],
+            source="kubeflow/trainer pkg/apis/trainer/v1alpha1/trainingruntime_types.go (a JobSet template)",
+        )
+        for kind in ("ClusterTrainingRuntime", "TrainingRuntime")
+    ),
+)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class TemplateShape:
+    """One pod template of a custom resource: the pod, and the scheduler its pods really get."""
+
+    shape: PodShape
+    scheduler: str
+
+
+def workload_kind(obj: Mapping[str, Any], table: tuple[WorkloadKind, ...]) -> WorkloadKind | None:
+    kind = obj.get("kind")
+    group = api_group(obj)
+    return next((w for w in table if w.kind == kind and w.group == group), None)
+
+
+def template_shapes(obj: Mapping[str, Any], workload: WorkloadKind) -> list[TemplateShape]:
+    """Every pod template of a custom resource, with its JSON pointer and effective scheduler."""
+    field = workload.scheduler_name.first(obj) if workload.scheduler_name else None
+    fallback = field if isinstance(field, str) and field else workload.scheduler_default
+    shapes = []
+    for path in workload.templates:
+        for pointer, template in path.find(obj):
+            where = pointer.lstrip("/").replace("/", ".")
+            if not isinstance(template, Mapping):
+                raise FieldError(where, "must be a mapping (a pod template)")
+            shape = PodShape(
+                workload.kind,
+                _mapping(template, ("metadata",), where),
+                _mapping(template, ("spec",), where),
+                pointer,
+            )
+            own = shape.spec.get("schedulerName")
+            scheduler = own if isinstance(own, str) and own else (fallback or "default-scheduler")
+            shapes.append(TemplateShape(shape, scheduler))
+    return shapes
