@@ -1,0 +1,42 @@
+"""``admit-guard explain``: the kubelet's verdict on every node, for each pod or template."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from .options import (
+    EXIT_DENIED,
+    EXIT_INPUT_ERROR,
+    InputError,
+    live_cluster_options,
+    output_option,
+    reading_cluster,
+    state_origin,
+)
+
+
+@click.command()
+@click.option("-f", "--filename", "files", multiple=True, required=True, help="Manifest file or directory.")
+@click.option("--cluster", "cluster", multiple=True, help="Cluster snapshot file or directory (repeatable).")
+@output_option("json", "yaml")
+@live_cluster_options
+def explain(files, cluster, output, kubeconfig, context) -> None:
+    """Where could each pod go? The kubelet's verdict on every node, as if it were bound there.
+
+    Exit status: 0 every object fits somewhere, 1 some object fits on no node, 2 input error.
+    """
+    from ..explain import explain_documents
+    from . import render
+
+    if not cluster and not (kubeconfig or context):
+        raise InputError("explain needs cluster state: --cluster SNAPSHOT or --kubeconfig/--context")
+    with reading_cluster():
+        state = state_origin(cluster, kubeconfig, context).dry_run_state()
+    explained, errors = explain_documents(files, state)
+    render.explanations(explained, errors, output)
+    if errors:
+        sys.exit(EXIT_INPUT_ERROR)
+    if any(e.admitting == 0 for e in explained):
+        sys.exit(EXIT_DENIED)
