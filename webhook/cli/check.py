@@ -10,11 +10,10 @@ from .options import (
     EXIT_DENIED,
     EXIT_INPUT_ERROR,
     config_option,
+    dry_run_state,
     live_cluster_options,
     load_config,
     output_option,
-    reading_cluster,
-    state_origin,
 )
 
 
@@ -66,8 +65,7 @@ def check(
     from . import render
 
     config = load_config(config_path)
-    with reading_cluster():
-        state = state_origin(cluster, kubeconfig, context).dry_run_state(config.storm_breaker)
+    state = dry_run_state(cluster, kubeconfig, context, config)
     progress = render.Progress(sys.stderr)
     # Tens of thousands of objects stay alive until the report is printed: the collector's
     # full passes over them would cost as much as the parse, and they hold no cycles.

@@ -10,10 +10,9 @@ from .options import (
     EXIT_DENIED,
     EXIT_INPUT_ERROR,
     InputError,
+    dry_run_state,
     live_cluster_options,
     output_option,
-    reading_cluster,
-    state_origin,
 )
 
 
@@ -32,8 +31,7 @@ def explain(files, cluster, output, kubeconfig, context) -> None:
 
     if not cluster and not (kubeconfig or context):
         raise InputError("explain needs cluster state: --cluster SNAPSHOT or --kubeconfig/--context")
-    with reading_cluster():
-        state = state_origin(cluster, kubeconfig, context).dry_run_state()
+    state = dry_run_state(cluster, kubeconfig, context)
     explained, errors = explain_documents(files, state)
     render.explanations(explained, errors, output)
     if errors:

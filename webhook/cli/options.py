@@ -15,6 +15,7 @@ import click
 
 if TYPE_CHECKING:
     from ..config import Config
+    from ..state import ClusterState
     from ..state.origin import StateOrigin
 
 EXIT_DENIED = 1
@@ -74,6 +75,16 @@ def state_origin(cluster: tuple[str, ...], kubeconfig: str | None, context: str 
     if cluster and (kubeconfig or context):
         raise InputError("--cluster and --kubeconfig/--context are exclusive: one source of state")
     return StateOrigin(tuple(cluster), kubeconfig, context)
+
+
+def dry_run_state(
+    cluster: tuple[str, ...], kubeconfig: str | None, context: str | None, config: Config | None = None
+) -> ClusterState | None:
+    """The snapshot files, or one list of the named live cluster; None when neither is given.
+    With a config, Failed pods feed its storm breakers."""
+    with reading_cluster():
+        origin = state_origin(cluster, kubeconfig, context)
+        return origin.dry_run_state(config.storm_breaker if config is not None else None)
 
 
 @contextmanager
