@@ -10,6 +10,7 @@ import click
 from .options import (
     EXIT_DENIED,
     InputError,
+    cluster_option,
     config_option,
     live_cluster_options,
     load_config,
@@ -20,12 +21,9 @@ from .options import (
 
 
 @click.command()
-@click.option(
-    "--cluster",
-    "cluster",
-    multiple=True,
-    help="Cluster snapshot: 'kubectl get nodes,pods,deployments,replicasets,statefulsets,daemonsets,"
-    "jobs,cronjobs,replicationcontrollers -A -o yaml' output (repeatable).",
+@cluster_option(
+    "Cluster snapshot: 'kubectl get nodes,pods,deployments,replicasets,statefulsets,daemonsets,"
+    "jobs,cronjobs,replicationcontrollers -A -o yaml' output (repeatable)."
 )
 @config_option
 @output_option(

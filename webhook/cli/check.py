@@ -9,29 +9,19 @@ import click
 from .options import (
     EXIT_DENIED,
     EXIT_INPUT_ERROR,
+    cluster_option,
     config_option,
     dry_run_state,
     live_cluster_options,
     load_config,
+    manifest_options,
     output_option,
 )
 
 
 @click.command()
-@click.option(
-    "-f",
-    "--filename",
-    "files",
-    multiple=True,
-    required=True,
-    help="Manifest file or directory (repeatable); '-' reads stdin.",
-)
-@click.option(
-    "--cluster",
-    "cluster",
-    multiple=True,
-    help="Cluster snapshot: 'kubectl get nodes,pods -A -o yaml' output (repeatable).",
-)
+@manifest_options("Manifest file or directory (repeatable); '-' reads stdin.")
+@cluster_option("Cluster snapshot: 'kubectl get nodes,pods -A -o yaml' output (repeatable).")
 @config_option
 @output_option("json", "yaml")
 @click.option(

@@ -10,15 +10,17 @@ from .options import (
     EXIT_DENIED,
     EXIT_INPUT_ERROR,
     InputError,
+    cluster_option,
     dry_run_state,
     live_cluster_options,
+    manifest_options,
     output_option,
 )
 
 
 @click.command()
-@click.option("-f", "--filename", "files", multiple=True, required=True, help="Manifest file or directory.")
-@click.option("--cluster", "cluster", multiple=True, help="Cluster snapshot file or directory (repeatable).")
+@manifest_options("Manifest file or directory.")
+@cluster_option("Cluster snapshot file or directory (repeatable).")
 @output_option("json", "yaml")
 @live_cluster_options
 def explain(files, cluster, output, kubeconfig, context) -> None:

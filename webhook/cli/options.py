@@ -2,7 +2,8 @@
 cluster), and the exit statuses.
 
 Every input the user named and the guard cannot use becomes an ``InputError``: one line (or
-one list) that names the file or the flag, exit 2, never a traceback.
+one list) that names the file or the flag, exit 2, never a traceback. What an option names is
+read by the face it belongs to, imported when a command runs (see the package docstring).
 """
 
 from __future__ import annotations
@@ -26,6 +27,17 @@ class InputError(click.ClickException):
     """Unusable config or cluster snapshot: exit 2, like every other input error."""
 
     exit_code = EXIT_INPUT_ERROR
+
+
+def manifest_options(help: str):
+    """``-f/--filename``, repeatable: the manifests a command judges. An option about which
+    manifests are read belongs here, so that every command reading them takes it."""
+    return click.option("-f", "--filename", "files", multiple=True, required=True, help=help)
+
+
+def cluster_option(help: str):
+    """``--cluster``, repeatable: snapshot files (``--kubeconfig`` is the live alternative)."""
+    return click.option("--cluster", "cluster", multiple=True, help=help)
 
 
 def config_option(command):
@@ -58,13 +70,13 @@ def live_cluster_options(command):
 
 
 def load_config(path: str | None) -> Config:
-    from ..config import Config, ConfigError, load_config
+    from .. import config
 
     if path is None:
-        return Config()
+        return config.Config()
     try:
-        return load_config(path)
-    except ConfigError as err:
+        return config.load_config(path)
+    except config.ConfigError as err:
         raise InputError(str(err)) from None
 
 

@@ -8,6 +8,7 @@ import click
 
 from .options import (
     InputError,
+    cluster_option,
     config_option,
     live_cluster_options,
     load_config,
@@ -17,7 +18,7 @@ from .options import (
 
 
 @click.command()
-@click.option("--cluster", multiple=True, help="Cluster snapshot file or directory (repeatable).")
+@cluster_option("Cluster snapshot file or directory (repeatable).")
 @config_option
 @click.option(
     "--cert-dir",
