@@ -34,5 +34,10 @@ def version() -> None:
     click.echo(_VERSION % {"version": version("admit-guard")})
 
 
-for command in (check.check, explain.explain, test.test, certs.certs, serve.serve, vap.vap, audit.audit):
-    main.add_command(command)
+main.add_command(check.check)
+main.add_command(explain.explain)
+main.add_command(audit.audit)
+main.add_command(test.test)
+main.add_command(vap.vap)
+main.add_command(certs.certs)
+main.add_command(serve.serve)

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from .options import InputError
+
+if TYPE_CHECKING:
+    from ..certs import Issued
 
 
 @click.command()
@@ -23,6 +27,8 @@ def certs(service, namespace, out, force, renew) -> None:
     Prints the base64 caBundle on stdout, for the webhook configurations. An existing CA is
     never replaced without --force; --renew rotates the serving certificate only.
     """
+    from . import render
+
     if force and renew:
         raise click.UsageError("--force and --renew are exclusive: replace the CA, or keep it")
     try:
@@ -34,11 +40,10 @@ def certs(service, namespace, out, force, renew) -> None:
             issued, written = _issue(service, namespace, out, force), "ca.crt ca.key tls.crt tls.key"
     except OSError as err:
         raise InputError(f"{out}: cannot write certificates here ({err.strerror or err})") from None
-    click.echo(f"wrote {out}/{written} for {', '.join(issued.dns_names)}, 127.0.0.1", err=True)
-    click.echo(issued.ca_bundle)
+    render.certificates(out, written, issued)
 
 
-def _renew(service: str, namespace: str, out: Path):
+def _renew(service: str, namespace: str, out: Path) -> Issued:
     """A new serving certificate from the CA in ``out``, which must be there."""
     from ..certs import CertificateError, renew
 
@@ -48,7 +53,7 @@ def _renew(service: str, namespace: str, out: Path):
         raise InputError(f"{err} (create a CA first: admit-guard certs --out {out})") from None
 
 
-def _issue(service: str, namespace: str, out: Path, force: bool):
+def _issue(service: str, namespace: str, out: Path, force: bool) -> Issued:
     """A new CA and serving certificate; a CA already in ``out`` is replaced only by force:
     the webhooks' caBundle trusts it."""
     from ..certs import issue

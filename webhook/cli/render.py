@@ -18,7 +18,10 @@ import orjson
 import yaml
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from ..audit import Finding, Report
+    from ..certs import Issued
     from ..dryrun import Result, Summary
     from ..explain import Explanation
     from ..manifests import ManifestError
@@ -197,3 +200,12 @@ def policy_tests(run: SuiteRun) -> None:
             click.echo("      " + failure.replace("\n", "\n      "))
     input_errors(run.problems)
     click.echo(f"{len(run.results) - run.failed} passed, {run.failed} failed")
+
+
+# -- certs ----------------------------------------------------------------------------------
+
+
+def certificates(out: Path, written: str, issued: Issued) -> None:
+    """What was written where on stderr; the caBundle alone on stdout, for a pipe to kubectl."""
+    click.echo(f"wrote {out}/{written} for {', '.join(issued.dns_names)}, 127.0.0.1", err=True)
+    click.echo(issued.ca_bundle)
