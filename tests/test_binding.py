@@ -463,7 +463,7 @@ def _twelve_binds_over_two_guards(cluster, server, tmp_path, reservations: str) 
 def test_twelve_concurrent_binds_of_the_last_gpu_over_two_guards_allow_exactly_one(gpu_cluster, tmp_path):
     cluster, server = gpu_cluster
     responses, _ = _twelve_binds_over_two_guards(
-        cluster, server, tmp_path, "namespace: admit-guard, deadlineSeconds: 2"
+        cluster, server, tmp_path, "namespace: admit-guard, deadlineSeconds: 2, waitSeconds: 10"
     )
     allowed = [r for r in responses if r["allowed"]]
     assert len(allowed) == 1, json.dumps(responses, indent=1)

@@ -252,7 +252,7 @@ def test_no_progress_line_on_a_pipe():
 def test_the_progress_line_shows_on_a_terminal_after_a_second():
     import io
 
-    from webhook.cli import Progress
+    from webhook.cli.render import Progress
 
     class Terminal(io.StringIO):
         def isatty(self):

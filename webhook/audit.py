@@ -458,41 +458,7 @@ def _overcommitted(node, usage) -> list[Finding]:
     return findings
 
 
-# -- output ---------------------------------------------------------------------------------
-
-_COLUMNS = ("SEVERITY", "NAMESPACE", "KIND", "NAME", "NODE", "RESOURCE", "COUNT")
-
-
-def render_text(report: Report) -> str:
-    """One table per finding type, each finding's message under its table."""
-    if not report.findings:
-        return "no findings\n"
-    out: list[str] = []
-    # Tables in the order of their worst finding, rows worst first.
-    for finding_type in dict.fromkeys(f.type for f in report.findings):
-        rows = [f for f in report.findings if f.type == finding_type]
-        cells = [_cells(f) for f in rows]
-        widths = [max(len(c[i]) for c in (_COLUMNS, *cells)) for i in range(len(_COLUMNS))]
-        out.append(f"{finding_type} ({len(rows)})")
-        for line in (_COLUMNS, *cells):
-            out.append("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip())
-        for i, finding in enumerate(rows, 1):
-            out.append(f"  [{i}] {finding.message}")
-        out.append("")
-    return "\n".join(out)
-
-
-def _cells(f: Finding) -> tuple[str, ...]:
-    return (
-        f.severity,
-        f.namespace or "-",
-        f.kind,
-        f.name or "-",
-        f.node or "-",
-        f.resource or "-",
-        str(f.count),
-    )
-
+# -- PolicyReports --------------------------------------------------------------------------
 
 REPORT_NAME = "admit-guard-audit"
 SOURCE = "admit-guard"

@@ -8,13 +8,15 @@ counting each rejecting node once, by the reason its kubelet would report first.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from .checks import PodUnderReview
 from .checks.placement import unpinned, verdict
+from .dryrun import judge_documents
 from .kube.workloads import pod_shape
+from .manifests import ManifestError
 from .state import ClusterState
 
 # The scheduler's words for the kubelet's predicate reasons; resource shortages keep theirs.
@@ -82,3 +84,11 @@ def explain(obj: Mapping[str, Any], state: ClusterState) -> Explanation | None:
         str(metadata.get("name") or metadata.get("generateName") or ""),
         nodes,
     )
+
+
+def explain_documents(
+    files: Iterable[str], state: ClusterState
+) -> tuple[list[Explanation], list[ManifestError]]:
+    """Every document of ``files`` explained, objects that create no pods left out; documents
+    or pods that cannot be read are input errors, as in the dry run."""
+    return judge_documents(files, lambda doc: explain(doc.obj, state))

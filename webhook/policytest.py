@@ -462,3 +462,30 @@ def write_junit(results: list[CaseResult], path: str) -> None:
         suite.set("tests", str(len(cases)))
         suite.set("failures", str(sum(1 for c in cases if c.find("failure") is not None)))
     ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
+
+
+@dataclass(frozen=True, slots=True)
+class SuiteRun:
+    """The cases run, and the problems that kept test files (or any at all) from running."""
+
+    results: tuple[CaseResult, ...]
+    problems: tuple[str, ...]
+
+    @property
+    def failed(self) -> int:
+        return sum(not r.passed for r in self.results)
+
+
+def run_suite(paths: list[str], pattern: str | None = None) -> SuiteRun:
+    """Every case under ``paths`` whose name matches ``pattern``. An invalid file is a problem
+    and its cases do not run; so is finding no test file at all, which is never a pass."""
+    files, problems = [], []
+    for path in discover(paths):
+        try:
+            files.append(load_test_file(path))
+        except TestFileError as err:
+            problems.append(str(err))
+    if not files and not problems:
+        problems.append(f"no *{SUFFIX} files under {', '.join(paths)}")
+    cases = select([(f, c) for f in files for c in f.cases], pattern)
+    return SuiteRun(tuple(run_case(f, c) for f, c in cases), tuple(problems))

@@ -1,0 +1,116 @@
+"""``admit-guard serve``: the webhook over HTTPS under gunicorn."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from .options import (
+    InputError,
+    cluster_option,
+    config_option,
+    live_cluster_options,
+    load_config,
+    reading_cluster,
+    state_origin,
+)
+
+
+@click.command()
+@cluster_option("Cluster snapshot file or directory (repeatable).")
+@config_option
+@click.option(
+    "--cert-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("certs"),
+    show_default=True,
+    help="Directory with tls.crt and tls.key; re-read when they change.",
+)
+@click.option("--bind", default="0.0.0.0:8443", show_default=True, help="Address to listen on (HTTPS).")
+@click.option("--workers", type=click.IntRange(1, 64), default=2, show_default=True)
+@click.option(
+    "--threads", type=click.IntRange(1, 256), default=4, show_default=True, help="Threads per worker."
+)
+@click.option("--max-body-bytes", type=click.IntRange(1024), default=3 * 1024 * 1024, show_default=True)
+@click.option(
+    "--request-timeout",
+    type=click.FloatRange(0.1),
+    default=10.0,
+    show_default=True,
+    help="Seconds a client has to complete the TLS handshake and send a whole request (else 408).",
+)
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info")
+@click.option(
+    "--max-state-age",
+    type=click.FloatRange(1),
+    default=300.0,
+    show_default=True,
+    help="Live state not refreshed (event or bookmark) for this many seconds is not trusted.",
+)
+@click.option(
+    "--audit-interval",
+    type=click.FloatRange(1),
+    help="Audit the nodes of the server's state every so many seconds; findings become gauges (off).",
+)
+@live_cluster_options
+def serve(
+    cluster,
+    config_path,
+    cert_dir,
+    bind,
+    workers,
+    threads,
+    max_body_bytes,
+    request_timeout,
+    log_level,
+    max_state_age,
+    audit_interval,
+    kubeconfig,
+    context,
+) -> None:
+    """Serve /validate and /mutate over HTTPS under gunicorn.
+
+    State: --cluster snapshots, or live from --kubeconfig/--context, or (in a pod, with neither)
+    live from the API server with the pod's service account. Each worker runs its own
+    informer, so a worker never waits on another process to answer a review.
+    """
+    from .. import prefork
+
+    for name in ("tls.crt", "tls.key"):
+        if not (cert_dir / name).is_file():
+            raise InputError(
+                f"{cert_dir / name}: missing; create it with 'admit-guard certs --out {cert_dir}'"
+            )
+    config = load_config(config_path)
+    origin = state_origin(cluster, kubeconfig, context)
+    with reading_cluster():
+        if origin.live:
+            origin.connect()  # fail now, not in every worker
+        state = None if origin.live else origin.snapshot(config.storm_breaker)
+    prefork.metrics_directory()
+    app = prefork.worker_app(
+        config,
+        origin,
+        state,
+        reservations=prefork.shared_directory("admit-guard-reservations-"),
+        max_state_age=max_state_age,
+        max_body_bytes=max_body_bytes,
+        audit_interval=audit_interval,
+    )
+    # Imported only now: the metrics client picks its multi-process mode at import time.
+    from ..server import log_decisions_to_stderr, log_events_to_stderr
+    from ..serving import GuardServer, ServeOptions
+
+    options = ServeOptions(
+        bind=bind,
+        cert_dir=cert_dir,
+        workers=workers,
+        threads=threads,
+        log_level=log_level,
+        request_timeout=request_timeout,
+        max_body_bytes=max_body_bytes,
+    )
+    log_decisions_to_stderr()
+    log_events_to_stderr(log_level)
+    GuardServer(app, options).run()

@@ -1,0 +1,105 @@
+"""What ``serve`` prepares before gunicorn forks its workers, and what each worker builds after.
+
+Before the fork, in the master: a fresh directory for the workers' metric files, a directory
+the workers share for their reservation table, and the snapshot, loaded once so that every
+worker shares its pages. After the fork, in each worker: its own informer and lease store
+(threads and connections do not survive a fork), and the Flask app over them.
+
+The metrics client picks its multi-process mode when it is first imported: ``worker_app``
+imports the server only when called, and must be called after ``metrics_directory``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .config import Config
+    from .state import ClusterState
+    from .state.origin import StateOrigin
+
+
+def metrics_directory() -> None:
+    """A fresh directory for the workers' metric files (stale files would skew counters)."""
+    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if directory:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        for stale in Path(directory).glob("*.db"):
+            stale.unlink()
+    else:
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(shared_directory("admit-guard-metrics-"))
+
+
+def shared_directory(prefix: str) -> Path:
+    """A fresh directory made before the fork, shared by the workers, removed at exit."""
+    created, owner = tempfile.mkdtemp(prefix=prefix), os.getpid()
+    # Workers inherit atexit hooks; only the process that made the directory removes it.
+    atexit.register(lambda: os.getpid() == owner and shutil.rmtree(created, ignore_errors=True))
+    return Path(created)
+
+
+def guard_namespace(config: Config) -> str:
+    """Where the coordination Leases live: the configured namespace, else the guard's own
+    (``ADMIT_GUARD_NAMESPACE``, from the downward API in deploy/)."""
+    return config.node_admission.reservations.namespace or os.environ.get(
+        "ADMIT_GUARD_NAMESPACE", "admit-guard"
+    )
+
+
+def worker_app(
+    config: Config,
+    origin: StateOrigin,
+    state: ClusterState | None,
+    *,
+    reservations: Path,
+    max_state_age: float,
+    max_body_bytes: int,
+    audit_interval: float | None,
+) -> Callable[[], Any]:
+    """The factory each worker calls after the fork. A live ``origin`` gives every worker its
+    own informer and Leases; else ``state``, the snapshot loaded before the fork, is shared."""
+    from .binding import BindGuard
+    from .server import create_app
+    from .state.informer import Informer, Timing
+    from .state.rejections import StormBreakers
+    from .state.reservations import LeaseStore, LocalTable
+    from .state.source import FixedState
+    from .state.storm_probes import shared_probes
+
+    waits = config.node_admission.reservations
+
+    def app():
+        local = LocalTable(reservations)
+        api = origin.connect() if origin.live else None
+        namespace = guard_namespace(config)
+        probes = shared_probes(
+            reservations / "storm", api, namespace, waits.wait_seconds, waits.deadline_seconds
+        )
+        if origin.live:
+            storm = StormBreakers.from_config(config.storm_breaker)
+            source = Informer(origin.connect(), Timing(max_age=max_state_age), storm).start()
+            return create_app(
+                config,
+                source,
+                source_name="informer",
+                max_body_bytes=max_body_bytes,
+                audit_interval=audit_interval,
+                bind_guard=BindGuard(config, local, LeaseStore(api, namespace)),
+                storm_probes=probes,
+            )
+        return create_app(
+            config,
+            FixedState(state),
+            max_body_bytes=max_body_bytes,
+            audit_interval=audit_interval,
+            bind_guard=BindGuard(config, local),
+            storm_probes=probes,
+        )
+
+    return app
