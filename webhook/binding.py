@@ -29,6 +29,9 @@ from .state.reservations import (
     Budget,
     Busy,
     DeadlineExceeded,
+    Decide,
+    HeldTable,
+    Keep,
     LeaseStore,
     LocalTable,
     Reservation,
@@ -322,7 +325,15 @@ class _Stores:
     ``table-error``); a damaged one is rebuilt from the Lease (``table-damaged``).
     """
 
-    def __init__(self, local, leases, new: Reservation, decide, keep, budget: Budget) -> None:
+    def __init__(
+        self,
+        local: LocalTable | None,
+        leases: LeaseStore | None,
+        new: Reservation,
+        decide: Decide,
+        keep: Keep,
+        budget: Budget,
+    ) -> None:
         self.local, self.leases, self.new = local, leases, new
         self.decide_over, self.keep, self.budget = decide, keep, budget
         self.trouble: str | None = None
@@ -339,7 +350,7 @@ class _Stores:
                 raise _TableFailed(f"the reservation table failed: {err}") from None
             return self._through_lease([], True, write, True)[0]
 
-    def _with_table(self, held, coordinated: bool, write: bool) -> bool:
+    def _with_table(self, held: HeldTable, coordinated: bool, write: bool) -> bool:
         if held.damaged:
             self.trouble = TABLE_DAMAGED
         fits, leased = self._through_lease(held.entries, coordinated or held.damaged, write, coordinated)
