@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..kube.reasons import NODE_AFFINITY
 from ..kube.selectors import matches_node_selector_and_affinity
 from .failure import Failure, predicate_failure
 
@@ -10,7 +11,7 @@ def node_affinity_mismatch(pod, node) -> Failure | None:
     if matches_node_selector_and_affinity(pod.spec, node.labels, node.name):
         return None
     return predicate_failure(
-        "NodeAffinity",
+        NODE_AFFINITY,
         "node(s) didn't match Pod's node affinity/selector",
         f"node {node.name}'s labels do not satisfy spec.nodeSelector / required node affinity",
     )

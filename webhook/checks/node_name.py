@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..kube.reasons import NODE_NAME
 from .failure import Failure, predicate_failure
 
 
@@ -10,7 +11,7 @@ def node_name_mismatch(pod, node) -> Failure | None:
     if not wanted or wanted == node.name:
         return None
     return predicate_failure(
-        "NodeName",
+        NODE_NAME,
         "node(s) didn't match the requested node name",
         f"spec.nodeName is {wanted}, not {node.name}",
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..kube.ports import port_conflicts
+from ..kube.reasons import NODE_PORTS
 from .failure import Failure, predicate_failure
 
 
@@ -12,7 +13,7 @@ def host_port_conflict(pod, node, usage) -> Failure | None:
         return None
     ports = ", ".join(f"{ip}:{port}/{protocol}" for ip, protocol, port in taken)
     return predicate_failure(
-        "NodePorts",
+        NODE_PORTS,
         "node(s) didn't have free ports for the requested pod ports",
         f"host port {ports} already in use on node {node.name}",
     )

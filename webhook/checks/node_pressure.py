@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..kube.reasons import EVICTED
 from ..kube.resources import qos_class
 from ..kube.tolerations import Taint, untolerated_taint
 from .failure import Failure
@@ -29,7 +30,7 @@ def node_pressure(pod, node) -> Failure | None:
             return None
     conditions = " ".join(node.pressure)
     return Failure(
-        "Evicted",
+        EVICTED,
         f"The node had condition: [{conditions}]. ",
         f"node {node.name} reports {', '.join(node.pressure)}; the kubelet refuses new pods "
         "until the condition clears",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..kube.reasons import POD_OS_NOT_SUPPORTED, POD_OS_SELECTOR_NODE_LABEL_DOES_NOT_MATCH
 from .failure import Failure
 
 OS_LABEL = "kubernetes.io/os"
@@ -13,7 +14,7 @@ def os_label_mismatch(pod, node) -> Failure | None:
     if wanted is None or wanted == node.operating_system:
         return None
     return Failure(
-        "PodOSSelectorNodeLabelDoesNotMatch",
+        POD_OS_SELECTOR_NODE_LABEL_DOES_NOT_MATCH,
         "Failed to admit pod as the `kubernetes.io/os` label doesn't match node label",
         f"pod label {OS_LABEL}={wanted}, node {node.name} runs {node.operating_system}",
     )
@@ -25,7 +26,7 @@ def os_field_mismatch(pod, node) -> Failure | None:
     if not isinstance(os_field, dict) or os_field.get("name") in (None, node.operating_system):
         return None
     return Failure(
-        "PodOSNotSupported",
+        POD_OS_NOT_SUPPORTED,
         "Failed to admit pod as the OS field doesn't match node OS",
         f"spec.os.name={os_field.get('name')}, node {node.name} runs {node.operating_system}",
     )

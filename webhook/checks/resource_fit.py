@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ..kube.quantity import format_amount
+from ..kube.reasons import out_of
 from ..kube.resources import ResourceVector, is_extended_resource, is_scalar_resource
 from .failure import Failure
 
@@ -23,7 +24,7 @@ def without_missing_extended(requests: Mapping[str, int], allocatable: Mapping[s
 def _insufficient(name: str, requested: int, used: int, capacity: int, node: str) -> Failure:
     free = max(capacity - used, 0)
     return Failure(
-        "OutOf" + name,
+        out_of(name),
         f"Node didn't have enough resource: {name}, requested: {requested}, "
         f"used: {used}, capacity: {capacity}",
         f"node {node} has {format_amount(name, free)} {name} free of "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..kube.reasons import SUPPLEMENTAL_GROUPS_POLICY_NOT_SUPPORTED
 from .failure import Failure
 
 
@@ -11,7 +12,7 @@ def supplemental_groups_unsupported(pod, node) -> Failure | None:
     if security_context.get("supplementalGroupsPolicy") != "Strict" or node.supplemental_groups_policy:
         return None
     return Failure(
-        "SupplementalGroupsPolicyNotSupported",
+        SUPPLEMENTAL_GROUPS_POLICY_NOT_SUPPORTED,
         "SupplementalGroupsPolicy=Strict is not supported in this node",
         f"node {node.name} does not report status.features.supplementalGroupsPolicy=true",
     )

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from ..kube.reasons import SYSCTL_FORBIDDEN
 from ..kube.sysctls import Allowlist, safe_sysctls
 from .failure import Failure
-
-REASON = "SysctlForbidden"
 
 
 @lru_cache(maxsize=256)
@@ -47,5 +46,5 @@ def forbidden_sysctl(pod, node, unsafe: tuple[str, ...] = ()) -> Failure | None:
                 f"{node.kernel_version or 'unknown'}) does not allow it; allow it with the kubelet's "
                 "--allowed-unsafe-sysctls and nodeAdmission.allowedUnsafeSysctls, or drop it"
             )
-            return Failure(REASON, f"forbidden sysctl: {problem}", hint)
+            return Failure(SYSCTL_FORBIDDEN, f"forbidden sysctl: {problem}", hint)
     return None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..kube.reasons import TAINT_TOLERATION
 from ..kube.tolerations import untolerated_taint
 from .failure import Failure, predicate_failure
 
@@ -13,7 +14,7 @@ def untolerated_no_execute_taint(pod, node) -> Failure | None:
     if taint is None:
         return None
     return predicate_failure(
-        "TaintToleration",
+        TAINT_TOLERATION,
         "node(s) had taints that the pod didn't tolerate",
         f"node {node.name} has taint {taint} and the pod has no matching toleration",
     )
