@@ -1,4 +1,4 @@
-"""Required node affinity and nodeSelector (``nodeaffinity`` plugin). Spec §5."""
+"""Required node affinity and nodeSelector (``nodeaffinity`` plugin). kubelet-admission-spec §5."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``nodename.Fits``: the pod's nodeName, if set, must be this node. Spec §6."""
+"""``nodename.Fits``: the pod's nodeName, if set, must be this node. kubelet-admission-spec §6."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``nodeports.Fits``: requested host ports must be free on the node. Spec §7."""
+"""``nodeports.Fits``: requested host ports must be free on the node. kubelet-admission-spec §7."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Eviction-manager admission (``eviction_manager.go`` ``managerImpl.Admit``). Spec §10."""
+"""Eviction-manager admission (``eviction_manager.go`` ``managerImpl.Admit``). kubelet-admission-spec §10."""
 
 from __future__ import annotations
 

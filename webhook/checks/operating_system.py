@@ -1,4 +1,5 @@
-"""The kubelet's OS checks (``predicate.go`` ``rejectPodAdmissionBasedOnOS*``). Spec §3.2-3.3."""
+"""The kubelet's OS checks (``predicate.go`` ``rejectPodAdmissionBasedOnOS*``).
+kubelet-admission-spec §3.2-3.3."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Critical pods and kubelet-side preemption (``preemption.go`` ``HandleAdmissionFailure``). Spec §9."""
+"""Critical pods and kubelet-side preemption (``preemption.go`` ``HandleAdmissionFailure``).
+kubelet-admission-spec §9."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Resource fit (``helper.Fits``, ``predicate.go`` ``removeMissingExtendedResources``). Spec §4."""
+"""Resource fit (``helper.Fits``, ``predicate.go`` ``removeMissingExtendedResources``).
+kubelet-admission-spec §4."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``rejectPodAdmissionBasedOnSupplementalGroupsPolicy`` (GA in v1.35). Spec §3.4."""
+"""``rejectPodAdmissionBasedOnSupplementalGroupsPolicy`` (GA in v1.35). kubelet-admission-spec §3.4."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The kubelet's sysctl admit handler (``pkg/kubelet/sysctl/allowlist.go``). Spec §12.
+"""The kubelet's sysctl admit handler (``pkg/kubelet/sysctl/allowlist.go``). kubelet-admission-spec §12.
 
 Handler 2 in the kubelet's order, after the eviction manager: the first sysctl the node's
 allowlist refuses rejects the pod with ``SysctlForbidden``.

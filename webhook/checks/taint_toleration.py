@@ -1,4 +1,5 @@
-"""The kubelet's taint check: only ``NoExecute`` taints (``predicate.go`` ``generalFilter``). Spec §8."""
+"""The kubelet's taint check: only ``NoExecute`` taints (``predicate.go`` ``generalFilter``).
+kubelet-admission-spec §8."""
 
 from __future__ import annotations
 
