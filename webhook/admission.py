@@ -13,7 +13,7 @@ from __future__ import annotations
 import base64
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, NotRequired, TypedDict
+from typing import Any, Literal, TypedDict
 
 import jsonpatch
 import orjson
@@ -73,15 +73,19 @@ class Status(TypedDict):
     message: str
 
 
-class Response(TypedDict):
-    """``response``: the verdict, warnings, a JSONPatch (base64) when mutating."""
-
+class _Verdict(TypedDict):
     uid: str
     allowed: bool
-    warnings: NotRequired[list[str]]
-    patchType: NotRequired[Literal["JSONPatch"]]
-    patch: NotRequired[str]
-    status: NotRequired[Status]
+
+
+class Response(_Verdict, total=False):
+    """``response``: the verdict (always), warnings, a JSONPatch (base64) when mutating, and
+    why when denied."""
+
+    warnings: list[str]
+    patchType: Literal["JSONPatch"]
+    patch: str
+    status: Status
 
 
 class ReviewBody(TypedDict, total=False):
