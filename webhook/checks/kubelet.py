@@ -53,8 +53,9 @@ class PodUnderReview:
 @dataclass(frozen=True, slots=True)
 class Check:
     """One of the kubelet's admission checks: what it is called, the reasons it rejects with
-    (``kube.reasons``), and the check itself, which sees the pod, the node, the node's usage
-    without this pod, and the node kubelet's allowed unsafe sysctls."""
+    (``kube.reasons``), and the check itself. Every check takes the same arguments (most
+    read only the first two): the pod, the node, the node's usage without this pod, and the
+    node kubelet's allowed unsafe sysctls."""
 
     name: str
     reasons: tuple[str, ...]
@@ -68,53 +69,20 @@ class Check:
 # sysctls, then the predicate handler: OS label, OS field, supplemental groups, and the
 # general filter. The first failure is what the kubelet reports.
 KUBELET_CHECKS = (
-    Check("eviction manager", (EVICTED,), lambda pod, node, usage, unsafe: node_pressure(pod, node)),
-    Check(
-        "sysctl allowlist",
-        (SYSCTL_FORBIDDEN,),
-        lambda pod, node, usage, unsafe: forbidden_sysctl(pod, node, unsafe),
-    ),
-    Check(
-        "OS label",
-        (POD_OS_SELECTOR_NODE_LABEL_DOES_NOT_MATCH,),
-        lambda pod, node, usage, unsafe: os_label_mismatch(pod, node),
-    ),
-    Check("OS field", (POD_OS_NOT_SUPPORTED,), lambda pod, node, usage, unsafe: os_field_mismatch(pod, node)),
+    Check("eviction manager", (EVICTED,), node_pressure),
+    Check("sysctl allowlist", (SYSCTL_FORBIDDEN,), forbidden_sysctl),
+    Check("OS label", (POD_OS_SELECTOR_NODE_LABEL_DOES_NOT_MATCH,), os_label_mismatch),
+    Check("OS field", (POD_OS_NOT_SUPPORTED,), os_field_mismatch),
     Check(
         "supplemental groups policy",
         (SUPPLEMENTAL_GROUPS_POLICY_NOT_SUPPORTED,),
-        lambda pod, node, usage, unsafe: supplemental_groups_unsupported(pod, node),
+        supplemental_groups_unsupported,
     ),
-    Check(
-        "resource fit",
-        (out_of("*"),),
-        lambda pod, node, usage, unsafe: insufficient_resources(pod.record.requests, node, usage),
-        general_filter=True,
-    ),
-    Check(
-        NODE_AFFINITY,
-        (NODE_AFFINITY,),
-        lambda pod, node, usage, unsafe: node_affinity_mismatch(pod, node),
-        general_filter=True,
-    ),
-    Check(
-        NODE_NAME,
-        (NODE_NAME,),
-        lambda pod, node, usage, unsafe: node_name_mismatch(pod, node),
-        general_filter=True,
-    ),
-    Check(
-        NODE_PORTS,
-        (NODE_PORTS,),
-        lambda pod, node, usage, unsafe: host_port_conflict(pod, node, usage),
-        general_filter=True,
-    ),
-    Check(
-        TAINT_TOLERATION,
-        (TAINT_TOLERATION,),
-        lambda pod, node, usage, unsafe: untolerated_no_execute_taint(pod, node),
-        general_filter=True,
-    ),
+    Check("resource fit", (out_of("*"),), insufficient_resources, general_filter=True),
+    Check(NODE_AFFINITY, (NODE_AFFINITY,), node_affinity_mismatch, general_filter=True),
+    Check(NODE_NAME, (NODE_NAME,), node_name_mismatch, general_filter=True),
+    Check(NODE_PORTS, (NODE_PORTS,), host_port_conflict, general_filter=True),
+    Check(TAINT_TOLERATION, (TAINT_TOLERATION,), untolerated_no_execute_taint, general_filter=True),
 )
 # What the critical-pod handler answers when evicting lower-priority pods would not make room.
 CRITICAL_POD_REASONS = (UNEXPECTED_ADMISSION_ERROR,)

@@ -37,9 +37,9 @@ def _insufficient(name: str, requested: int, used: int, capacity: int, node: str
     )
 
 
-def insufficient_resources(requests: Mapping[str, int], node, usage) -> list[Failure]:
+def insufficient_resources(pod, node, usage, unsafe_sysctls=()) -> list[Failure]:
     """Every resource the node cannot fit, in kubelet order: pods, cpu, memory, storage, scalars."""
-    allocatable, used = node.allocatable, usage.requested
+    requests, allocatable, used = pod.record.requests, node.allocatable, usage.requested
     failures = []
     pods_allowed = allocatable.get("pods", 0)
     if usage.pod_count + 1 > pods_allowed:

@@ -234,7 +234,7 @@ def unschedulable_sysctls(
         for node in state.nodes.values()
         if node_affinity_mismatch(review.pod, node) is None
         and untolerated_taint(node.taints, tolerations, _SCHEDULER_TAINT_EFFECTS) is None
-        for failure in (forbidden_sysctl(review.pod, node, config.unsafe_sysctls_for(node.labels)),)
+        for failure in (forbidden_sysctl(review.pod, node, None, config.unsafe_sysctls_for(node.labels)),)
         if failure is not None
     ]
     if not refused:
