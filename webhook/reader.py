@@ -41,7 +41,9 @@ def load_yaml(path: str | Path, error: type[ReadError] = ReadError) -> Any:
     try:
         return yaml.load(text, Loader=StrictLoader)
     except yaml.YAMLError as err:
-        raise error(f"{path}: invalid YAML: {yaml_problem(err)}") from None
+        context = getattr(err, "context", None)  # "expected a single document in the stream"
+        problem = f"{context}: {yaml_problem(err)}" if context else yaml_problem(err)
+        raise error(f"{path}: invalid YAML: {problem}") from None
     except RecursionError:
         raise error(f"{path}: invalid YAML: nested too deeply") from None
 
