@@ -1,4 +1,4 @@
-"""Kubelet-equivalent predicates: reason codes, exact messages, and order (spec §3-§10)."""
+"""Kubelet-equivalent predicates: reason codes, exact messages, and order (kubelet-admission-spec §3-§10)."""
 
 import pytest
 

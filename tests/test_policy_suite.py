@@ -176,3 +176,34 @@ cases:
     result = run(str(bind))
     assert result.exit_code == 1 and "bindTo binds a Pod" in result.output
     assert isinstance(result.exception, SystemExit)  # no traceback
+
+
+DUPLICATE_KEY_CONFIG = "policies:\n  pinnedNodeName: {mode: warn}\n  pinnedNodeName: {mode: off}\n"
+USES_CONFIG_FILE = """
+apiVersion: admit-guard.io/v1alpha1
+kind: PolicyTest
+config: {path: guard.yaml}
+cases:
+  - name: a pod
+    object: {apiVersion: v1, kind: Pod, metadata: {name: p}, spec: {containers: [{name: a, image: a}]}}
+    expect: {allowed: true}
+"""
+
+
+def test_a_duplicate_key_in_a_test_files_config_file_is_an_error_naming_the_file_and_key(tmp_path):
+    config = tmp_path / "guard.yaml"
+    config.write_text(DUPLICATE_KEY_CONFIG)
+    test_file = tmp_path / "dup.test.yaml"
+    test_file.write_text(USES_CONFIG_FILE)
+    result = run(str(test_file))
+    assert result.exit_code == 2
+    assert (
+        f"{test_file}: config.path: {config}: invalid YAML: duplicate key 'pinnedNodeName' (line 3"
+        in result.stderr
+    )
+    # ``check`` (and ``serve``) refuse the same file the same way.
+    pod = tmp_path / "pod.yaml"
+    pod.write_text("apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: a}]}")
+    checked = CliRunner().invoke(main, ["check", "-f", str(pod), "--config", str(config)])
+    assert checked.exit_code == 2
+    assert f"{config}: invalid YAML: duplicate key 'pinnedNodeName' (line 3" in checked.stderr

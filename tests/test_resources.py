@@ -1,4 +1,4 @@
-"""Request math against upstream's TestPodResourceRequests cases (spec §4.1, §4.2)."""
+"""Request math against upstream's TestPodResourceRequests cases (kubelet-admission-spec §4.1, §4.2)."""
 
 import pytest
 from hypothesis import given

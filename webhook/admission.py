@@ -1,8 +1,11 @@
 """AdmissionReview v1 in, ``Decision`` through the engine, AdmissionReview v1 out.
 
-Pure, like the engine: the server does the HTTP, this module does the contract. Every request
-that is not a well-formed AdmissionReview raises ``ReviewError`` naming the field, so the
-server answers 400 instead of guessing.
+Pure, like the engine: the server does the HTTP, this module does the contract. The wire
+shapes are typed here (``ReviewBody``, ``RequestBody``, ``Response``, ``Status``: the
+fields of ``admission.k8s.io/v1`` the guard reads and writes); ``parse_review`` turns a
+body into an ``AdmissionRequest`` and every request that is not a well-formed
+AdmissionReview raises ``ReviewError`` naming the field, so the server answers 400 instead
+of guessing; ``Outcome.body`` is the reply.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from __future__ import annotations
 import base64
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 import jsonpatch
 import orjson
@@ -27,6 +30,71 @@ VALIDATE, MUTATE = "validate", "mutate"
 
 class ReviewError(ValueError):
     """The body is not an AdmissionReview v1 request; the message names the field."""
+
+
+class GroupVersionKind(TypedDict):
+    group: str
+    version: str
+    kind: str
+
+
+class GroupVersionResource(TypedDict):
+    group: str
+    version: str
+    resource: str
+
+
+class UserInfo(TypedDict, total=False):
+    username: str
+    groups: list[str]
+
+
+class RequestBody(TypedDict, total=False):
+    """``request`` as the API server sends it (the fields the guard reads)."""
+
+    uid: str
+    kind: GroupVersionKind
+    resource: GroupVersionResource
+    subResource: str
+    name: str
+    namespace: str
+    operation: Literal["CREATE", "UPDATE", "DELETE", "CONNECT"]
+    userInfo: UserInfo
+    object: dict[str, Any]
+    oldObject: dict[str, Any] | None
+    dryRun: bool
+
+
+class Status(TypedDict):
+    """Why a request is denied: ``reason`` is the comma-separated reason codes."""
+
+    code: int
+    reason: str
+    message: str
+
+
+class _Verdict(TypedDict):
+    uid: str
+    allowed: bool
+
+
+class Response(_Verdict, total=False):
+    """``response``: the verdict (always), warnings, a JSONPatch (base64) when mutating, and
+    why when denied."""
+
+    warnings: list[str]
+    patchType: Literal["JSONPatch"]
+    patch: str
+    status: Status
+
+
+class ReviewBody(TypedDict, total=False):
+    """The AdmissionReview envelope: ``request`` in, ``response`` out."""
+
+    apiVersion: str
+    kind: str
+    request: RequestBody
+    response: Response
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +123,7 @@ class Outcome:
     """What the server sends back, plus what it logs and counts."""
 
     request: AdmissionRequest
-    response: dict[str, Any]
+    response: Response
     decision: Decision | None = None
     error: str | None = None  # the object could not be read (answered per failOpen)
     reasons: list[str] = field(default_factory=list)
@@ -74,8 +142,14 @@ class Outcome:
             return "patch"
         return "warn" if self.response.get("warnings") else "allow"
 
+    @classmethod
+    def allowing(cls, request: AdmissionRequest, **details: Any) -> Outcome:
+        """An outcome that allows ``request``, for the caller to fill in."""
+        return cls(request, {"uid": request.uid, "allowed": True}, **details)
+
     def body(self) -> bytes:
-        return orjson.dumps({"apiVersion": API_VERSION, "kind": KIND, "response": self.response})
+        review: ReviewBody = {"apiVersion": API_VERSION, "kind": KIND, "response": self.response}
+        return orjson.dumps(review)
 
 
 def parse_review(body: bytes) -> AdmissionRequest:
@@ -168,8 +242,8 @@ def review(
     come once, from the validating webhook, which sees the object after mutation. A fixable
     finding that still reaches ``validate`` means the mutation did not run, so it denies.
     """
-    response: dict[str, Any] = {"uid": request.uid, "allowed": True}
-    outcome = Outcome(request, response)
+    outcome = Outcome.allowing(request)
+    response = outcome.response
     if request.obj is None or request.operation not in ("CREATE", "UPDATE"):
         return outcome
     if request.sub_resource:
@@ -230,13 +304,13 @@ def denial_message(decision: Decision) -> str:
 
 def unchecked(request: AdmissionRequest, endpoint: str, problem: str, config: Config) -> Outcome:
     """The answer when the guard could not decide: per ``failOpen``, from ``validate`` only."""
-    outcome = Outcome(request, {"uid": request.uid, "allowed": True}, error=problem)
+    outcome = Outcome.allowing(request, error=problem)
     if endpoint != MUTATE:
         _per_fail_open(outcome.response, problem, config)
     return outcome
 
 
-def _per_fail_open(response: dict[str, Any], problem: str, config: Config) -> None:
+def _per_fail_open(response: Response, problem: str, config: Config) -> None:
     if config.fail_open:
         response["warnings"] = [
             f"admit-guard could not check this object and allowed it (failOpen): {problem}"

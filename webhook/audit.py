@@ -163,7 +163,7 @@ def pinned_findings(inventory: Inventory, config: Config) -> list[Finding]:
 
 def _pinned(workload: Workload, state: ClusterState) -> Finding:
     obj, shape, pod = workload.pinned
-    [policy_finding] = pinned_node_name.check(Review(obj, shape, pod, "CREATE"), state)
+    [policy_finding] = pinned_node_name.findings(Review(obj, shape, pod, "CREATE"), state)
     node = state.nodes.get(workload.node_name)
     rejects = node is None or bool(kubelet_admission(pod, node, state.usage(node.name)))
     return Finding(

@@ -15,8 +15,9 @@ import jsonpatch
 from .checks import PodUnderReview
 from .config import Config
 from .kube.errors import FieldError, mapping_at
-from .kube.workloads import pod_shape
-from .policies import Finding, Review, device_scheduler, node_admission, pinned_node_name, storm_breaker
+from .kube.workloads import PodShape, pod_shape
+from .policies import ANY_OBJECT, POD_FIELDS, Context, Finding, Review
+from .policies.registry import POLICIES
 from .state import ClusterState
 
 OPERATIONS = ("CREATE", "UPDATE")
@@ -81,28 +82,30 @@ def evaluate(
     """
     decision = Decision()
     shape = pod_shape(obj)
-    if shape is None or operation not in OPERATIONS:
+    policies = _ANY_OBJECT_POLICIES if shape is None else _POLICIES
+    if not policies or operation not in OPERATIONS:
         return decision
     namespace = mapping_at(obj, "metadata", "metadata").get("namespace") or "default"
     if namespace in config.excluded_namespaces:
         return decision
-    old_shape = pod_shape(old_object) if operation == "UPDATE" and old_object else None
-    review = _review(obj, operation, old_shape, shape)
+    old_object = old_object if operation == "UPDATE" else None
+    old_shape = pod_shape(old_object) if old_object else None
+    review = _review(obj, operation, old_shape, shape, old_object, user)
     patch: list[dict[str, Any]] = []
     context = Context(state, config, state_unavailable, now)
-    for name, needs_pod, run in _POLICIES:
-        mode = config.mode(name)
+    for policy, index, needs_pod in policies:
+        name, mode = policy.NAME, config.settings[index].mode
         if mode == "off" or config.exempts(name, namespace, user, groups):
             continue
         if needs_pod and review.pod is None:
             decision.unchecked.append(name)
             continue
-        for finding in run(review, context):
+        for finding in policy.check(review, context):
             fix = _apply(decision, name, mode, finding)
             if fix:
                 # Later policies judge the object as it will be stored.
                 patch.extend(fix)
-                review = _review(_patched(review.obj, fix), operation, old_shape)
+                review = _review(_patched(review.obj, fix), operation, old_shape, None, old_object, user)
     decision.allowed = not decision.violations
     decision.patch = patch or None
     decision.unreadable = review.unreadable if decision.unchecked else None
@@ -132,52 +135,28 @@ def _patched(obj: Mapping[str, Any], fix) -> Mapping[str, Any]:
         raise FieldError("spec", "nested too deeply to read") from None
 
 
-def _review(obj: Mapping[str, Any], operation: str, old_shape, shape=None) -> Review:
+def _review(
+    obj: Mapping[str, Any],
+    operation: str,
+    old_shape: PodShape | None,
+    shape: PodShape | None,
+    old_object: Mapping[str, Any] | None,
+    user: str,
+) -> Review:
     """Build the review; pod-relative field errors get the path inside the whole object."""
     shape = shape or pod_shape(obj)
+    if shape is None:
+        return Review(obj, None, None, operation, old_obj=old_object, user=user)
     try:
         pod = PodUnderReview.from_shape(shape)
     except FieldError as err:
         prefix = shape.path.lstrip("/").replace("/", ".")
         unreadable = FieldError(f"{prefix}.{err.field}", err.message) if prefix else err
-        return Review(obj, shape, None, operation, old_shape, unreadable)
-    return Review(obj, shape, pod, operation, old_shape)
+        return Review(obj, shape, None, operation, old_shape, unreadable, old_object, user)
+    return Review(obj, shape, pod, operation, old_shape, None, old_object, user)
 
 
-@dataclass(frozen=True, slots=True)
-class Context:
-    """What a policy may read besides the object: the state, the config, why the state is
-    unusable (if it is), and the time the caller says it is (the engine has no clock)."""
-
-    state: ClusterState | None
-    config: Config
-    unavailable: str | None
-    now: float | None
-
-
-# (name, needs the pod's fields, check). ``pinnedNodeName`` judges the template's nodeName
-# alone, so an unreadable request elsewhere in the pod cannot make it fail open.
-_POLICIES = (
-    (
-        pinned_node_name.NAME,
-        False,
-        lambda review, c: pinned_node_name.check(review, c.state, c.config.node_admission),
-    ),
-    (
-        device_scheduler.NAME,
-        True,
-        lambda review, c: device_scheduler.check(review, c.state, c.config.device_scheduler),
-    ),
-    (
-        node_admission.NAME,
-        True,
-        lambda review, c: node_admission.check(
-            review, c.state, c.config.node_admission, c.unavailable, c.config.fail_open
-        ),
-    ),
-    (
-        storm_breaker.NAME,
-        False,
-        lambda review, c: storm_breaker.check(review, c.state, c.config.storm_breaker, c.now),
-    ),
-)
+# (policy, its place in ``Config.settings``, whether it needs the pod's fields), in registry
+# order; objects that create no pods meet only the policies that read any object.
+_POLICIES = tuple((policy, i, policy.READS == POD_FIELDS) for i, policy in enumerate(POLICIES))
+_ANY_OBJECT_POLICIES = tuple(entry for entry in _POLICIES if entry[0].READS == ANY_OBJECT)

@@ -164,7 +164,7 @@ def _parsed(text: str, source: str) -> Iterator[Document | ManifestError]:
         for number, raw in enumerate(yaml.load_all(text, Loader=StrictLoader), start=1):
             yield from _objects(raw, Location(source, number))
     except yaml.YAMLError as err:
-        yield ManifestError(Location(source, number + 1), f"invalid YAML: {_yaml_problem(err)}")
+        yield ManifestError(Location(source, number + 1), f"invalid YAML: {yaml_problem(err)}")
     except RecursionError:
         yield ManifestError(Location(source, number + 1), "invalid YAML: nested too deeply")
 
@@ -181,7 +181,7 @@ def _near(text: str, key: str) -> str:
     return f" (line {text.count(chr(10), 0, hits[1]) + 1})" if len(hits) > 1 else ""
 
 
-def _yaml_problem(err: yaml.YAMLError) -> str:
+def yaml_problem(err: yaml.YAMLError) -> str:
     mark = getattr(err, "problem_mark", None)
     problem = getattr(err, "problem", None) or str(err)
     if mark is not None:

@@ -19,10 +19,11 @@ from typing import Any
 import jsonpatch
 import yaml
 
-from .config import Config, ConfigError, StormBreakerConfig, config_from_dict
+from .config import Config, StormBreakerConfig, read_config
 from .engine import Decision, evaluate
 from .kube.errors import FieldError
-from .manifests import Document, ManifestError, StrictLoader, documents_in
+from .manifests import Document, ManifestError, documents_in
+from .reader import Reader, ReadError, load_yaml
 from .state import ClusterState, node_from, pod_record
 from .state.model import object_key
 from .state.rejections import StormBreakers
@@ -50,8 +51,13 @@ _CASE_KEYS = {
 _EXPECT_KEYS = {"allowed", "reasons", "messages", "warnings", "patched", "patchedPath"}
 
 
-class TestFileError(ValueError):
+class TestFileError(ReadError):
     """An invalid test file; the message names the file and the field."""
+
+    @classmethod
+    def listing(cls, source: str, problems: list[str]) -> TestFileError:
+        """One line per problem, each naming the file: a file's cases fail one by one."""
+        return cls("\n".join(f"{source}: {problem}" for problem in problems))
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,26 +103,21 @@ def discover(paths: list[str]) -> Iterator[str]:
 
 
 def load_test_file(path: str) -> TestFile:
-    where = _Where(path)
-    try:
-        data = yaml.load(Path(path).read_text(), Loader=StrictLoader)
-    except OSError as err:
-        raise TestFileError(f"{path}: cannot read: {err.strerror}") from None
-    except yaml.YAMLError as err:
-        raise TestFileError(f"{path}: invalid YAML: {err}") from None
+    where = Reader(str(path))
+    data = load_yaml(path, TestFileError)
     if not isinstance(data, Mapping):
         raise TestFileError(f"{path}: top level: must be a mapping")
     data = where.mapping(data, "", {"apiVersion", "kind", "metadata", "cluster", "config", "cases"})
     if data.get("apiVersion") != API_VERSION or data.get("kind") != KIND:
         where.fail("apiVersion/kind", f"must be {API_VERSION} / {KIND}")
     base = _config_data(where, data.get("config"), "config")
-    config = where.config(base, "config")
+    config = read_config(where.within("config"), base)
     state = _state(where, data.get("cluster"), config.storm_breaker)
     raw_cases = where.sequence(data.get("cases"), "cases")
     if data.get("cases") == []:
         where.fail("cases", "must list at least one case")
     cases = [_case(where, raw, f"cases[{i}]", base, config) for i, raw in enumerate(raw_cases)]
-    where.finish()  # every problem of the file, in every case, at once
+    where.finish(TestFileError)  # every problem of the file, in every case, at once
     return TestFile(path, [c for c in cases if c is not None], state)
 
 
@@ -238,30 +239,31 @@ def _merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, An
     return merged
 
 
-def _config_data(where: _Where, raw: Any, at: str, base: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """``{path, inline, override}`` → a config document (validated later, per case)."""
+def _config_data(where: Reader, raw: Any, at: str, base: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``{path, inline, override}`` → a config document (validated later, per case). A config
+    file is read as ``serve`` and ``check`` read it: a duplicate key is an error here too."""
     raw = where.mapping(raw or {}, at, {"path", "inline", "override"})
     if "path" in raw and "inline" in raw:
         where.fail(at, "give path or inline, not both")
     data: Mapping[str, Any] = dict(base or {})
-    config_path = where.relative(raw["path"], f"{at}.path") if "path" in raw else None
+    config_path = _relative(where, raw["path"], f"{at}.path") if "path" in raw else None
     if config_path is not None:
         try:
-            data = where.mapping(yaml.safe_load(config_path.read_text()) or {}, f"{at}.path")
-        except (OSError, yaml.YAMLError) as err:
-            where.fail(f"{at}.path", f"cannot read {config_path}: {err}")
+            data = where.mapping(load_yaml(config_path) or {}, f"{at}.path")
+        except ReadError as err:
+            where.fail(f"{at}.path", str(err))
     elif "inline" in raw:
         data = dict(where.mapping(raw["inline"], f"{at}.inline"))
     return _merge(data, where.mapping(raw.get("override") or {}, f"{at}.override"))
 
 
-def _state(where: _Where, raw: Any, storm: StormBreakerConfig) -> ClusterState | None:
+def _state(where: Reader, raw: Any, storm: StormBreakerConfig) -> ClusterState | None:
     """The test file's cluster; its Failed pods feed storm breakers with the file's settings."""
     if raw is None:
         return None
     raw = where.mapping(raw, "cluster", {"snapshots", "nodes", "pods"})
     paths = [
-        where.relative(p, "cluster.snapshots")
+        _relative(where, p, "cluster.snapshots")
         for p in where.sequence(raw.get("snapshots", []), "cluster.snapshots")
     ]
     snapshots = [str(p) for p in paths if p is not None]
@@ -286,7 +288,7 @@ def _state(where: _Where, raw: Any, storm: StormBreakerConfig) -> ClusterState |
     return state
 
 
-def _case(where: _Where, raw: Any, at: str, base_data: Mapping[str, Any], base: Config) -> Case | None:
+def _case(where: Reader, raw: Any, at: str, base_data: Mapping[str, Any], base: Config) -> Case | None:
     """One case; its problems are recorded in ``where`` (a case with any is never run)."""
     if not isinstance(raw, Mapping):
         where.fail(at, "must be a mapping")
@@ -304,7 +306,8 @@ def _case(where: _Where, raw: Any, at: str, base_data: Mapping[str, Any], base: 
     expect = _expect(where, raw.get("expect"), f"{at}.expect")
     config = base
     if "config" in raw:
-        config = where.config(_config_data(where, raw["config"], f"{at}.config", base_data), f"{at}.config")
+        data = _config_data(where, raw["config"], f"{at}.config", base_data)
+        config = read_config(where.within(f"{at}.config"), data)
     return Case(
         name=name,
         obj=_object(where, raw, at, "object"),
@@ -313,7 +316,7 @@ def _case(where: _Where, raw: Any, at: str, base_data: Mapping[str, Any], base: 
         if ("oldObject" in raw or "oldObjectPath" in raw)
         else None,
         user=str(raw.get("user", "")),
-        groups=_groups(where, raw.get("groups", []), f"{at}.groups"),
+        groups=where.strings(raw.get("groups", []), f"{at}.groups"),
         config=config,
         expect=expect,
         now=_moment(where, raw.get("now"), f"{at}.now"),
@@ -321,7 +324,7 @@ def _case(where: _Where, raw: Any, at: str, base_data: Mapping[str, Any], base: 
     )
 
 
-def _expect(where: _Where, raw: Any, at: str) -> Mapping[str, Any]:
+def _expect(where: Reader, raw: Any, at: str) -> Mapping[str, Any]:
     expect = where.mapping(raw, at, _EXPECT_KEYS)
     if isinstance(raw, Mapping) and not expect:
         where.fail(at, "must state at least one expectation")
@@ -338,22 +341,14 @@ def _expect(where: _Where, raw: Any, at: str) -> Mapping[str, Any]:
     return expect
 
 
-def _groups(where: _Where, value: Any, at: str) -> tuple[str, ...]:
-    groups = where.sequence(value, at)
-    if not all(isinstance(g, str) for g in groups):
-        where.fail(at, "must be a list of strings")
-        return ()
-    return tuple(groups)
-
-
-def _bind_target(where: _Where, value: Any, at: str) -> str | None:
+def _bind_target(where: Reader, value: Any, at: str) -> str | None:
     if value is not None and (not isinstance(value, str) or not value):
         where.fail(at, "must be a node name")
         return None
     return value
 
 
-def _moment(where: _Where, value: Any, at: str) -> float:
+def _moment(where: Reader, value: Any, at: str) -> float:
     """``now: 2026-01-01T00:00:00Z`` pins the case's clock; by default it is the run's."""
     if value is None:
         return time.time()
@@ -365,14 +360,14 @@ def _moment(where: _Where, value: Any, at: str) -> float:
     return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
 
 
-def _object(where: _Where, raw: Mapping[str, Any], at: str, key: str) -> dict[str, Any]:
+def _object(where: Reader, raw: Mapping[str, Any], at: str, key: str) -> dict[str, Any]:
     """An inline object, or the single object in the file named by ``<key>Path``."""
     if key in raw:
         return dict(where.mapping(raw[key], f"{at}.{key}"))
     if f"{key}Path" not in raw:
         where.fail(at, f"needs {key} or {key}Path")
         return {}
-    path = where.relative(raw[f"{key}Path"], f"{at}.{key}Path")
+    path = _relative(where, raw[f"{key}Path"], f"{at}.{key}Path")
     if path is None:
         return {}
     try:
@@ -388,51 +383,12 @@ def _object(where: _Where, raw: Mapping[str, Any], at: str, key: str) -> dict[st
     return objects[0]
 
 
-class _Where:
-    """Field checks that record a problem naming the file and field, then carry on with a safe
-    value, so one run lists every problem of a file (``finish`` raises them together)."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.problems: list[str] = []
-
-    def fail(self, at: str, message: str) -> None:
-        self.problems.append(f"{self.path}: {at or 'top level'}: {message}")
-
-    def finish(self) -> None:
-        if self.problems:
-            raise TestFileError("\n".join(self.problems))
-
-    def config(self, data: Mapping[str, Any], at: str) -> Config:
-        try:
-            return config_from_dict(data, f"{self.path}: {at}")
-        except ConfigError as err:
-            self.problems.append(str(err))
-            return Config()
-
-    def relative(self, value: Any, at: str) -> Path | None:
-        if not isinstance(value, str):
-            self.fail(at, "must be a path")
-            return None
-        return Path(self.path).parent / value
-
-    def mapping(self, data: Any, at: str, allowed: set[str] | None = None) -> Mapping[str, Any]:
-        if not isinstance(data, Mapping):
-            self.fail(at, "must be a mapping")
-            return {}
-        for key in data if allowed else ():
-            if key not in allowed:
-                self.fail(
-                    f"{at}.{key}" if at else key,
-                    f"unknown field (expected one of {', '.join(sorted(allowed))})",
-                )
-        return data
-
-    def sequence(self, data: Any, at: str) -> list[Any]:
-        if not isinstance(data, list):
-            self.fail(at, "must be a list")
-            return []
-        return data
+def _relative(where: Reader, value: Any, at: str) -> Path | None:
+    """A path the test file names, relative to the test file."""
+    if not isinstance(value, str):
+        where.fail(at, "must be a path")
+        return None
+    return Path(where.source).parent / value
 
 
 def select(cases: list[tuple[TestFile, Case]], pattern: str | None) -> list[tuple[TestFile, Case]]:

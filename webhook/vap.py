@@ -1,9 +1,10 @@
 """The policies that need no node state, as ValidatingAdmissionPolicy + binding (CEL).
 
-They run inside the API server, so they hold even while the guard is down. Only
-``pinnedNodeName`` is rendered: its verdict depends on the object alone. The mode maps to
-the binding's ``validationActions``: ``enforce`` and ``fix`` deny (a template still pinned
-after mutation was not repaired), ``warn`` warns, ``audit`` audits, ``off`` renders nothing.
+They run inside the API server, so they hold even while the guard is down. A policy is
+rendered when its module has a ``STATIC`` form (today only ``pinnedNodeName``: its verdict
+depends on the object alone). The mode maps to the binding's ``validationActions``:
+``enforce`` and ``fix`` deny (a template still pinned after mutation was not repaired),
+``warn`` warns, ``audit`` audits, ``off`` renders nothing.
 
 Whatever the webhooks let through must pass here too, or the static policy would deny what
 the guard exempts: ``excludedNamespaces`` and the namespace opt-out label go into the binding's
@@ -13,9 +14,13 @@ An exemption that CEL cannot express is an error, never silently dropped.
 
 from __future__ import annotations
 
+import copy
+import re
 from typing import Any
 
 from .config import Config, Exemption
+from .policies import Policy
+from .policies.registry import POLICIES
 
 OPT_OUT_LABEL = "admit-guard.io/skip"
 
@@ -24,39 +29,13 @@ class VapError(ValueError):
     """A part of the config the static policy cannot express; the message names it."""
 
 
-POLICY_NAME = "admit-guard-pinned-node-name"
 ACTIONS = {"enforce": ["Deny"], "fix": ["Deny"], "warn": ["Warn"], "audit": ["Audit"]}
+LABELS = {"app.kubernetes.io/name": "admit-guard"}
 
 
-def _spec_of(root: str) -> str:
-    """CEL for the pod template spec of any workload kind the engine recognises."""
-    return (
-        f"{root}.kind == 'CronJob' ? {root}.spec.jobTemplate.spec.template.spec : "
-        f"{root}.kind == 'PodTemplate' ? {root}.template.spec : {root}.spec.template.spec"
-    )
-
-
-# An UPDATE that keeps the pin it already had stays allowed, as in the engine: existing
-# objects must remain updatable (finalizers, labels, scale).
-PINNED_EXPRESSION = (
-    "!has(variables.spec.nodeName) || variables.spec.nodeName == '' || "
-    "(request.operation == 'UPDATE' && has(variables.oldSpec.nodeName) && "
-    "variables.oldSpec.nodeName == variables.spec.nodeName)"
-)
-PINNED_MESSAGE = (
-    "object.kind + ' ' + object.metadata.namespace + '/' + object.metadata.name + "
-    "' sets spec.nodeName to ' + variables.spec.nodeName + ' in its pod template: its pods skip the "
-    "scheduler, and every pod the kubelet rejects is replaced at once. Pin the node with required node "
-    "affinity on metadata.name or a nodeSelector on kubernetes.io/hostname instead.'"
-)
-WORKLOAD_RULES = [
-    {"apiGroups": ["apps"], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
-     "resources": ["deployments", "replicasets", "statefulsets", "daemonsets"]},
-    {"apiGroups": ["batch"], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
-     "resources": ["jobs", "cronjobs"]},
-    {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
-     "resources": ["replicationcontrollers", "podtemplates"]},
-]  # fmt: skip
+def policy_name(policy: Policy) -> str:
+    """``pinnedNodeName`` -> ``admit-guard-pinned-node-name``."""
+    return "admit-guard-" + re.sub(r"(?<!^)([A-Z])", r"-\1", policy.NAME).lower()
 
 
 def _pattern(glob: str, where: str) -> str:
@@ -86,12 +65,12 @@ def _exempt(exemption: Exemption, where: str) -> str:
     return " && ".join(parts)
 
 
-def match_conditions(config: Config) -> list[dict[str, str]]:
+def match_conditions(config: Config, policy: str = "pinnedNodeName") -> list[dict[str, str]]:
     """The condition that skips exempted requests, as the engine skips them."""
     exempt = [
         _exempt(e, f"exemptions[{i}]")
         for i, e in enumerate(config.exemptions)
-        if not e.policies or "pinnedNodeName" in e.policies
+        if not e.policies or policy in e.policies
     ]
     if not exempt:
         return []
@@ -99,30 +78,30 @@ def match_conditions(config: Config) -> list[dict[str, str]]:
 
 
 def render(config: Config) -> list[dict[str, Any]]:
-    """The policy and its binding, or nothing when the policy is off. Raises ``VapError``."""
-    mode = config.pinned_node_name.mode
-    if mode == "off":
-        return []
-    policy = {
+    """Each static policy and its binding, in registry order; nothing for a policy that is
+    off. Raises ``VapError``."""
+    rendered: list[dict[str, Any]] = []
+    for policy in POLICIES:
+        mode = config.mode(policy.NAME)
+        if policy.STATIC is not None and mode != "off":
+            rendered += _render(policy, ACTIONS[mode], config)
+    return rendered
+
+
+def _render(policy: Policy, actions: list[str], config: Config) -> list[dict[str, Any]]:
+    static, name = policy.STATIC, policy_name(policy)
+    conditions = match_conditions(config, policy.NAME)
+    validating = {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingAdmissionPolicy",
-        "metadata": {"name": POLICY_NAME, "labels": {"app.kubernetes.io/name": "admit-guard"}},
+        "metadata": {"name": name, "labels": dict(LABELS)},
         "spec": {
             # A CEL error (an object this rule cannot read) must not block writes.
             "failurePolicy": "Ignore",
-            "matchConstraints": {"resourceRules": WORKLOAD_RULES},
-            **({"matchConditions": conditions} if (conditions := match_conditions(config)) else {}),
-            "variables": [
-                {"name": "spec", "expression": _spec_of("object")},
-                # Compared through the operation, not with null: UPDATE always has an oldObject.
-                {
-                    "name": "oldSpec",
-                    "expression": f"request.operation == 'UPDATE' ? ({_spec_of('oldObject')}) : null",
-                },
-            ],
-            "validations": [
-                {"expression": PINNED_EXPRESSION, "messageExpression": PINNED_MESSAGE, "reason": "Forbidden"}
-            ],
+            "matchConstraints": {"resourceRules": copy.deepcopy(static.resource_rules)},
+            **({"matchConditions": conditions} if conditions else {}),
+            "variables": copy.deepcopy(static.variables),
+            "validations": copy.deepcopy(static.validations),
         },
     }
     # The webhooks' opt-out: a label only the namespace's owner can set.
@@ -133,11 +112,11 @@ def render(config: Config) -> list[dict[str, Any]]:
     binding = {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingAdmissionPolicyBinding",
-        "metadata": {"name": POLICY_NAME, "labels": {"app.kubernetes.io/name": "admit-guard"}},
+        "metadata": {"name": name, "labels": dict(LABELS)},
         "spec": {
-            "policyName": POLICY_NAME,
-            "validationActions": ACTIONS[mode],
+            "policyName": name,
+            "validationActions": actions,
             "matchResources": {"namespaceSelector": {"matchExpressions": expressions}},
         },
     }
-    return [policy, binding]
+    return [validating, binding]

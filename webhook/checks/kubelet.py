@@ -1,11 +1,25 @@
-"""The kubelet's admission of one pod on one node, in the kubelet's order (spec §14)."""
+"""The kubelet's admission of one pod on one node, in the kubelet's order
+(kubelet-admission-spec §14)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..kube.reasons import (
+    EVICTED,
+    NODE_AFFINITY,
+    NODE_NAME,
+    NODE_PORTS,
+    POD_OS_NOT_SUPPORTED,
+    POD_OS_SELECTOR_NODE_LABEL_DOES_NOT_MATCH,
+    SUPPLEMENTAL_GROUPS_POLICY_NOT_SUPPORTED,
+    SYSCTL_FORBIDDEN,
+    TAINT_TOLERATION,
+    UNEXPECTED_ADMISSION_ERROR,
+    out_of,
+)
 from ..kube.workloads import PodShape
 from ..state.model import Node, NodeUsage, PodRecord, pod_record
 from .failure import Failure
@@ -36,37 +50,62 @@ class PodUnderReview:
         return cls(shape.metadata, shape.spec, record)
 
 
+@dataclass(frozen=True, slots=True)
+class Check:
+    """One of the kubelet's admission checks: what it is called, the reasons it rejects with
+    (``kube.reasons``), and the check itself. Every check takes the same arguments (most
+    read only the first two): the pod, the node, the node's usage without this pod, and the
+    node kubelet's allowed unsafe sysctls."""
+
+    name: str
+    reasons: tuple[str, ...]
+    run: Callable[[PodUnderReview, Node, NodeUsage, tuple[str, ...]], Failure | list[Failure] | None]
+    # Part of the predicate handler's ``generalFilter``: only its failures go through the
+    # critical-pod handler (kubelet-side preemption).
+    general_filter: bool = False
+
+
+# The kubelet's handlers in its order (kubelet-admission-spec §1, §14): eviction manager,
+# sysctls, then the predicate handler: OS label, OS field, supplemental groups, and the
+# general filter. The first failure is what the kubelet reports.
+KUBELET_CHECKS = (
+    Check("eviction manager", (EVICTED,), node_pressure),
+    Check("sysctl allowlist", (SYSCTL_FORBIDDEN,), forbidden_sysctl),
+    Check("OS label", (POD_OS_SELECTOR_NODE_LABEL_DOES_NOT_MATCH,), os_label_mismatch),
+    Check("OS field", (POD_OS_NOT_SUPPORTED,), os_field_mismatch),
+    Check(
+        "supplemental groups policy",
+        (SUPPLEMENTAL_GROUPS_POLICY_NOT_SUPPORTED,),
+        supplemental_groups_unsupported,
+    ),
+    Check("resource fit", (out_of("*"),), insufficient_resources, general_filter=True),
+    Check(NODE_AFFINITY, (NODE_AFFINITY,), node_affinity_mismatch, general_filter=True),
+    Check(NODE_NAME, (NODE_NAME,), node_name_mismatch, general_filter=True),
+    Check(NODE_PORTS, (NODE_PORTS,), host_port_conflict, general_filter=True),
+    Check(TAINT_TOLERATION, (TAINT_TOLERATION,), untolerated_no_execute_taint, general_filter=True),
+)
+# What the critical-pod handler answers when evicting lower-priority pods would not make room.
+CRITICAL_POD_REASONS = (UNEXPECTED_ADMISSION_ERROR,)
+
+
 def kubelet_admission(
     pod: PodUnderReview, node: Node, usage: NodeUsage, unsafe_sysctls: tuple[str, ...] = ()
 ) -> list[Failure]:
     """Every reason the kubelet on ``node`` would reject ``pod``; the first is what it reports.
 
     ``unsafe_sysctls``: the node kubelet's ``--allowed-unsafe-sysctls`` (from the config).
-    Order: eviction manager, sysctls, OS label, OS field, supplemental groups, then the general filter
-    (resources, node affinity, node name, host ports, NoExecute taints) with the critical-pod
-    rule applied to the general filter's failures only, as ``predicateAdmitHandler.Admit`` does.
+    The checks run in ``KUBELET_CHECKS`` order, with the critical-pod rule applied to the
+    general filter's failures only, as ``predicateAdmitHandler.Admit`` does.
     """
     usage = usage.without(pod.record.key)
-    failures = [
-        f
-        for f in (
-            node_pressure(pod, node),
-            forbidden_sysctl(pod, node, unsafe_sysctls),
-            os_label_mismatch(pod, node),
-            os_field_mismatch(pod, node),
-            supplemental_groups_unsupported(pod, node),
-        )
-        if f is not None
-    ]
-    general = insufficient_resources(pod.record.requests, node, usage)
-    general += [
-        f
-        for f in (
-            node_affinity_mismatch(pod, node),
-            node_name_mismatch(pod, node),
-            host_port_conflict(pod, node, usage),
-            untolerated_no_execute_taint(pod, node),
-        )
-        if f is not None
-    ]
+    failures: list[Failure] = []
+    general: list[Failure] = []
+    for check in KUBELET_CHECKS:
+        found = check.run(pod, node, usage, unsafe_sysctls)
+        if found:
+            found_in = general if check.general_filter else failures
+            if isinstance(found, list):
+                found_in.extend(found)
+            else:
+                found_in.append(found)
     return failures + critical_pod_failures(pod.record, general, usage.pods.values())

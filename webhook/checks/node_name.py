@@ -1,16 +1,17 @@
-"""``nodename.Fits``: the pod's nodeName, if set, must be this node. Spec §6."""
+"""``nodename.Fits``: the pod's nodeName, if set, must be this node. kubelet-admission-spec §6."""
 
 from __future__ import annotations
 
+from ..kube.reasons import NODE_NAME
 from .failure import Failure, predicate_failure
 
 
-def node_name_mismatch(pod, node) -> Failure | None:
+def node_name_mismatch(pod, node, usage=None, unsafe_sysctls=()) -> Failure | None:
     wanted = pod.spec.get("nodeName")
     if not wanted or wanted == node.name:
         return None
     return predicate_failure(
-        "NodeName",
+        NODE_NAME,
         "node(s) didn't match the requested node name",
         f"spec.nodeName is {wanted}, not {node.name}",
     )

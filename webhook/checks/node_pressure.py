@@ -1,7 +1,8 @@
-"""Eviction-manager admission (``eviction_manager.go`` ``managerImpl.Admit``). Spec §10."""
+"""Eviction-manager admission (``eviction_manager.go`` ``managerImpl.Admit``). kubelet-admission-spec §10."""
 
 from __future__ import annotations
 
+from ..kube.reasons import EVICTED
 from ..kube.resources import qos_class
 from ..kube.tolerations import Taint, untolerated_taint
 from .failure import Failure
@@ -9,7 +10,7 @@ from .failure import Failure
 _MEMORY_PRESSURE_TAINT = Taint("node.kubernetes.io/memory-pressure", "", "NoSchedule")
 
 
-def node_pressure(pod, node) -> Failure | None:
+def node_pressure(pod, node, usage=None, unsafe_sysctls=()) -> Failure | None:
     """Reject non-critical pods on a node under pressure, as the eviction manager does.
 
     Under MemoryPressure alone only BestEffort pods without a memory-pressure toleration are
@@ -29,7 +30,7 @@ def node_pressure(pod, node) -> Failure | None:
             return None
     conditions = " ".join(node.pressure)
     return Failure(
-        "Evicted",
+        EVICTED,
         f"The node had condition: [{conditions}]. ",
         f"node {node.name} reports {', '.join(node.pressure)}; the kubelet refuses new pods "
         "until the condition clears",

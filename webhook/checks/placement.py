@@ -7,16 +7,22 @@ pod now, or to say none would.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
-from ..config import NodeAdmissionConfig
 from ..state.model import ClusterState, Node
 from .failure import Failure
 from .kubelet import PodUnderReview, kubelet_admission
 
 MESSAGE_SCAN = 32  # nodes examined for a denial message
 MESSAGE_NAMES = 3  # nodes named in it
+
+
+class SysctlAllowlists(Protocol):
+    """Which unsafe sysctls each node's kubelet allows (``nodeAdmission``'s settings)."""
+
+    def unsafe_sysctls_for(self, labels: Mapping[str, str]) -> tuple[str, ...]: ...
 
 
 def unpinned(pod: PodUnderReview) -> PodUnderReview:
@@ -27,7 +33,7 @@ def unpinned(pod: PodUnderReview) -> PodUnderReview:
 
 
 def verdict(
-    pod: PodUnderReview, node: Node, state: ClusterState, config: NodeAdmissionConfig | None = None
+    pod: PodUnderReview, node: Node, state: ClusterState, config: SysctlAllowlists | None = None
 ) -> list[Failure]:
     """Every reason the kubelet on ``node`` would reject ``pod`` (empty: it would admit it)."""
     unsafe = config.unsafe_sysctls_for(node.labels) if config is not None else ()
@@ -55,7 +61,7 @@ def candidates(
     state: ClusterState,
     *,
     skip: Iterable[str] = (),
-    config: NodeAdmissionConfig | None = None,
+    config: SysctlAllowlists | None = None,
 ) -> Candidates:
     """A few nodes that would admit ``pod``; stops at ``MESSAGE_NAMES`` found or
     ``MESSAGE_SCAN`` examined."""

@@ -1,9 +1,11 @@
-"""Critical pods and kubelet-side preemption (``preemption.go`` ``HandleAdmissionFailure``). Spec §9."""
+"""Critical pods and kubelet-side preemption (``preemption.go`` ``HandleAdmissionFailure``).
+kubelet-admission-spec §9."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+from ..kube.reasons import UNEXPECTED_ADMISSION_ERROR
 from ..state.model import PodRecord
 from .failure import Failure
 
@@ -46,7 +48,7 @@ def critical_pod_failures(
     listing = "".join(f"(res: {name}, q: {amount}), " for name, amount in uncovered)
     return [
         Failure(
-            "UnexpectedAdmissionError",
+            UNEXPECTED_ADMISSION_ERROR,
             "Unexpected error while attempting to recover from admission failure: preemption: "
             "error finding a set of pods to preempt: no set of running pods found to reclaim "
             f"resources: [{listing}]",

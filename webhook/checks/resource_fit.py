@@ -1,10 +1,12 @@
-"""Resource fit (``helper.Fits``, ``predicate.go`` ``removeMissingExtendedResources``). Spec §4."""
+"""Resource fit (``helper.Fits``, ``predicate.go`` ``removeMissingExtendedResources``).
+kubelet-admission-spec §4."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
 from ..kube.quantity import format_amount
+from ..kube.reasons import out_of
 from ..kube.resources import ResourceVector, is_extended_resource, is_scalar_resource
 from .failure import Failure
 
@@ -23,7 +25,7 @@ def without_missing_extended(requests: Mapping[str, int], allocatable: Mapping[s
 def _insufficient(name: str, requested: int, used: int, capacity: int, node: str) -> Failure:
     free = max(capacity - used, 0)
     return Failure(
-        "OutOf" + name,
+        out_of(name),
         f"Node didn't have enough resource: {name}, requested: {requested}, "
         f"used: {used}, capacity: {capacity}",
         f"node {node} has {format_amount(name, free)} {name} free of "
@@ -35,9 +37,9 @@ def _insufficient(name: str, requested: int, used: int, capacity: int, node: str
     )
 
 
-def insufficient_resources(requests: Mapping[str, int], node, usage) -> list[Failure]:
+def insufficient_resources(pod, node, usage, unsafe_sysctls=()) -> list[Failure]:
     """Every resource the node cannot fit, in kubelet order: pods, cpu, memory, storage, scalars."""
-    allocatable, used = node.allocatable, usage.requested
+    requests, allocatable, used = pod.record.requests, node.allocatable, usage.requested
     failures = []
     pods_allowed = allocatable.get("pods", 0)
     if usage.pod_count + 1 > pods_allowed:

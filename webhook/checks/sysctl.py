@@ -1,4 +1,4 @@
-"""The kubelet's sysctl admit handler (``pkg/kubelet/sysctl/allowlist.go``). Spec §12.
+"""The kubelet's sysctl admit handler (``pkg/kubelet/sysctl/allowlist.go``). kubelet-admission-spec §12.
 
 Handler 2 in the kubelet's order, after the eviction manager: the first sysctl the node's
 allowlist refuses rejects the pod with ``SysctlForbidden``.
@@ -8,10 +8,9 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from ..kube.reasons import SYSCTL_FORBIDDEN
 from ..kube.sysctls import Allowlist, safe_sysctls
 from .failure import Failure
-
-REASON = "SysctlForbidden"
 
 
 @lru_cache(maxsize=256)
@@ -31,13 +30,13 @@ def pod_sysctls(spec) -> list[str]:
     return [s["name"] for s in sysctls if isinstance(s, dict) and isinstance(s.get("name"), str)]
 
 
-def forbidden_sysctl(pod, node, unsafe: tuple[str, ...] = ()) -> Failure | None:
+def forbidden_sysctl(pod, node, usage=None, unsafe_sysctls: tuple[str, ...] = ()) -> Failure | None:
     """``patternAllowlist.Admit``: the first sysctl this node's kubelet would refuse."""
     names = pod_sysctls(pod.spec)
     if not names:
         return None
     linux = node.operating_system == "linux"
-    allowlist = node_allowlist(node.kubelet_version, node.kernel_version, unsafe, linux)
+    allowlist = node_allowlist(node.kubelet_version, node.kernel_version, unsafe_sysctls, linux)
     host_network, host_ipc = pod.spec.get("hostNetwork") is True, pod.spec.get("hostIPC") is True
     for name in names:
         problem = allowlist.problem(name, host_network, host_ipc)
@@ -47,5 +46,5 @@ def forbidden_sysctl(pod, node, unsafe: tuple[str, ...] = ()) -> Failure | None:
                 f"{node.kernel_version or 'unknown'}) does not allow it; allow it with the kubelet's "
                 "--allowed-unsafe-sysctls and nodeAdmission.allowedUnsafeSysctls, or drop it"
             )
-            return Failure(REASON, f"forbidden sysctl: {problem}", hint)
+            return Failure(SYSCTL_FORBIDDEN, f"forbidden sysctl: {problem}", hint)
     return None

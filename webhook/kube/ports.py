@@ -1,4 +1,5 @@
-"""Host ports (``scheduler/util/utils.go`` ``GetHostPorts``, ``HostPortInfo.CheckConflict``). Spec §7."""
+"""Host ports (``scheduler/util/utils.go`` ``GetHostPorts``, ``HostPortInfo.CheckConflict``).
+kubelet-admission-spec §7."""
 
 from __future__ import annotations
 

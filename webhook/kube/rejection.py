@@ -12,31 +12,34 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from . import reasons as r
+
 REJECTED_PREFIX = "Pod was rejected"
-# Reasons only the kubelet's admit handlers write (spec §1 handler table); OutOf* is a family.
+# Reasons only the kubelet's admit handlers write (kubelet-admission-spec §1 handler table);
+# OutOf* is a family.
 ADMISSION_REASONS = frozenset(
     {
-        "UnexpectedAdmissionError",
-        "TopologyAffinityError",
-        "NodeAffinity",
-        "NodeName",
-        "NodePorts",
-        "TaintToleration",
-        "SysctlForbidden",
-        "PodOSNotSupported",
-        "PodOSSelectorNodeLabelDoesNotMatch",
-        "SupplementalGroupsPolicyNotSupported",
-        "InvalidNodeInfo",
-        "UnknownReason",
-        "UnexpectedPredicateFailureType",
-        "AppArmor",
-        "PodLevelResourcesNotSupported",
-        "PodFeatureUnsupported",
-        "NodeShutdown",
+        r.UNEXPECTED_ADMISSION_ERROR,
+        r.TOPOLOGY_AFFINITY_ERROR,
+        r.NODE_AFFINITY,
+        r.NODE_NAME,
+        r.NODE_PORTS,
+        r.TAINT_TOLERATION,
+        r.SYSCTL_FORBIDDEN,
+        r.POD_OS_NOT_SUPPORTED,
+        r.POD_OS_SELECTOR_NODE_LABEL_DOES_NOT_MATCH,
+        r.SUPPLEMENTAL_GROUPS_POLICY_NOT_SUPPORTED,
+        r.INVALID_NODE_INFO,
+        r.UNKNOWN_REASON,
+        r.UNEXPECTED_PREDICATE_FAILURE_TYPE,
+        r.APP_ARMOR,
+        r.POD_LEVEL_RESOURCES_NOT_SUPPORTED,
+        r.POD_FEATURE_UNSUPPORTED,
+        r.NODE_SHUTDOWN,
     }
 )
 # Reasons that also describe what happens to running pods: only the message tells them apart.
-_AMBIGUOUS_REASONS = frozenset({"Evicted"})
+_AMBIGUOUS_REASONS = frozenset({r.EVICTED})
 _NEVER = frozenset({"DeadlineExceeded"})
 
 
@@ -69,10 +72,10 @@ def admission_rejection(pod: Mapping[str, Any]) -> Rejection | None:
     if reason in _NEVER:
         return None
     if message.startswith(REJECTED_PREFIX):
-        return Rejection(reason or "UnknownReason", message)
+        return Rejection(reason or r.UNKNOWN_REASON, message)
     if reason in _AMBIGUOUS_REASONS:
         return None
-    if reason in ADMISSION_REASONS or (reason.startswith("OutOf") and len(reason) > len("OutOf")):
+    if reason in ADMISSION_REASONS or r.is_out_of(reason):
         return Rejection(reason, message)
     return None
 

@@ -2,7 +2,7 @@
 
 Upstream: ``component-helpers/resource/helpers.go`` (``PodRequests``,
 ``aggregateContainerResourcesByFn``) folded into integers like
-``scheduler/framework/types.go`` (``Resource.Add``). Spec §4.
+``scheduler/framework/types.go`` (``Resource.Add``). kubelet-admission-spec §4.
 """
 
 from __future__ import annotations
@@ -181,7 +181,7 @@ def _status_requests(spec: Mapping[str, Any], status: Mapping[str, Any]) -> Reso
 
 
 def pod_requests(spec: Mapping[str, Any], status: Mapping[str, Any] | None = None) -> ResourceVector:
-    """The pod's request vector (spec §4.1, and §4.2 for running pods given ``status``).
+    """The pod's request vector (kubelet-admission-spec §4.1, and §4.2 for running pods given ``status``).
 
     Zero entries are kept: the kubelet skips zero scalar requests itself, and a zero that is
     present differs from an absent resource when unknown extended resources are dropped.

@@ -1,4 +1,5 @@
-"""Required node affinity and nodeSelector (``component-helpers/.../nodeaffinity.go``). Spec §5."""
+"""Required node affinity and nodeSelector (``component-helpers/.../nodeaffinity.go``).
+kubelet-admission-spec §5."""
 
 from __future__ import annotations
 

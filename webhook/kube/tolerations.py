@@ -1,4 +1,5 @@
-"""Taints and tolerations (``k8s.io/api/core/v1/toleration.go`` ``ToleratesTaint``). Spec §8."""
+"""Taints and tolerations (``k8s.io/api/core/v1/toleration.go`` ``ToleratesTaint``).
+kubelet-admission-spec §8."""
 
 from __future__ import annotations
 

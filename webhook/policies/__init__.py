@@ -1,16 +1,39 @@
-"""Policies: each looks at one object and returns findings; the engine applies modes."""
+"""Policies: each looks at one object and returns findings; the engine applies modes.
+
+A policy is one module of this package, listed once in ``registry.POLICIES``; the engine, the
+config reader, the static policies (``vap.py``) and the docs iterate that tuple. A module
+exposes what ``Policy`` describes: its name (the config key and the metric label), its
+reason codes, the modes it supports, what of the object it needs (``READS``), its settings
+(a frozen dataclass and the function that reads them from the config, with errors naming
+the field), ``check(review, context) -> findings``, and the CEL form of its rule when the
+API server can enforce it alone (``STATIC``, else None).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..checks import PodUnderReview
 from ..kube.errors import FieldError
 from ..kube.workloads import PodShape
 
+if TYPE_CHECKING:
+    from ..config import Config
+    from ..reader import Reader
+    from ..state import ClusterState
+
 Patch = tuple[dict[str, Any], ...]
+ALL_MODES = ("enforce", "warn", "audit", "fix", "off")
+NO_FIX = tuple(m for m in ALL_MODES if m != "fix")  # for policies that cannot repair an object
+
+# What a policy needs of the object under review (``READS``). The engine runs a policy only
+# when the review has it; a pod whose fields are unreadable leaves ``POD_FIELDS`` policies
+# unchecked, answered per failOpen.
+ANY_OBJECT = "object"  # any kind: ``review.shape`` and ``review.pod`` may be None
+POD_SHAPE = "shape"  # a Pod or a workload's pod template: ``review.shape`` is set
+POD_FIELDS = "pod"  # and its requests, ports and sysctls read: ``review.pod`` is set
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,11 +41,13 @@ class Review:
     """The object under review, with the pod it stands for (requests computed once)."""
 
     obj: Mapping[str, Any]
-    shape: PodShape
+    shape: PodShape | None  # None when the object creates no pods (``ANY_OBJECT`` policies)
     pod: PodUnderReview | None  # None when its fields are unreadable (see ``unreadable``)
     operation: str
     old_shape: PodShape | None = None
     unreadable: FieldError | None = None
+    old_obj: Mapping[str, Any] | None = None  # the stored object of an UPDATE
+    user: str = ""  # who asks (``userInfo.username``)
 
     @property
     def namespace(self) -> str:
@@ -35,7 +60,8 @@ class Review:
 
     @property
     def description(self) -> str:
-        return f"{self.shape.kind} {self.namespace}/{self.name}"
+        kind = self.shape.kind if self.shape is not None else self.obj.get("kind")
+        return f"{kind} {self.namespace}/{self.name}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,3 +77,57 @@ class Finding:
     node: str | None = None
     fix: Patch | None = None
     advisory: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """What a policy may read besides the object: the state, the config (its own settings
+    are ``config.policy(NAME)``), why the state is unusable (if it is), and the time the
+    caller says it is (the engine has no clock)."""
+
+    state: ClusterState | None
+    config: Config
+    unavailable: str | None = None
+    now: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StaticPolicy:
+    """A policy's rule as a ValidatingAdmissionPolicy (CEL), for rules that need no node
+    state: the API server enforces it even while the guard is down (``vap.py`` renders it)."""
+
+    resource_rules: list[dict[str, Any]]
+    variables: list[dict[str, str]]
+    validations: list[dict[str, str]]
+
+
+class Policy(Protocol):
+    """What a policy module exposes (a module satisfies this protocol)."""
+
+    NAME: str
+    REASONS: tuple[str, ...]
+    MODES: tuple[str, ...]
+    READS: str
+    STATIC: StaticPolicy | None
+    Settings: type
+
+    def read_settings(self, reader: Reader, data: Mapping[str, Any], where: str) -> Any: ...
+
+    def check(self, review: Review, context: Context) -> list[Finding]: ...
+
+
+def read_mode(reader: Reader, data: Mapping[str, Any], where: str, allowed: tuple[str, ...]) -> str:
+    """``mode``, ``enforce`` when absent. YAML 1.1 reads a bare ``off`` as false."""
+    mode = data.get("mode", "enforce")
+    if mode is False:
+        return "off"
+    if mode is True:
+        reader.fail(
+            f"{where}.mode",
+            f"true is not a mode: YAML reads a bare on/yes/true as true; write one of {', '.join(allowed)}",
+        )
+        return "enforce"
+    if mode not in allowed:
+        reader.fail(f"{where}.mode", f"{mode!r} is not one of {', '.join(allowed)}")
+        return "enforce"
+    return mode

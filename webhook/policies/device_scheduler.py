@@ -9,14 +9,83 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from typing import TYPE_CHECKING, Any
 
-from ..config import DeviceSchedulerConfig
-from ..state import ClusterState
+from ..globs import globs_overlap, matches_any
 from ..state.model import DEFAULT_SCHEDULER
-from . import Finding, Review
+from . import ALL_MODES, POD_FIELDS, Context, Finding, Review, read_mode
+
+if TYPE_CHECKING:
+    from ..reader import Reader
+    from ..state import ClusterState
 
 NAME = "deviceScheduler"
 REASON = "MixedDeviceScheduler"
+REASONS = (REASON,)
+MODES = ALL_MODES
+READS = POD_FIELDS
+STATIC = None  # owners can be detected from the pods on nodes: no static form
+DEFAULT_DEVICE_PATTERNS = ("nvidia.com/*", "amd.com/*", "intel.com/*", "gpu.intel.com/*")
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceSchedulerConfig:
+    mode: str = "enforce"
+    resources: tuple[str, ...] = DEFAULT_DEVICE_PATTERNS
+    owners: tuple[tuple[str, str], ...] = ()  # (resource name or pattern, scheduler)
+    annotations: tuple[tuple[str, str], ...] = ()  # (annotation key, scheduler)
+    autodetect: bool = True
+    binders: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (resource pattern, identity globs)
+
+    def allowed_binders(self, resource: str) -> tuple[str, ...] | None:
+        return next((who for p, who in self.binders if fnmatchcase(resource, p)), None)
+
+    def is_device(self, resource: str) -> bool:
+        return matches_any(resource, self.resources) or matches_any(
+            resource, tuple(p for p, _ in self.owners)
+        )
+
+    def configured_owner(self, resource: str) -> str | None:
+        return next((owner for p, owner in self.owners if fnmatchcase(resource, p)), None)
+
+
+Settings = DeviceSchedulerConfig
+
+
+def read_settings(reader: Reader, data: Any, where: str) -> DeviceSchedulerConfig:
+    data = reader.mapping(
+        data, where, {"mode", "resources", "owners", "annotations", "autodetect", "binders"}
+    )
+    binders = tuple(
+        (str(resource), reader.strings(who, f"{where}.binders.{resource}"))
+        for resource, who in reader.mapping(data.get("binders") or {}, f"{where}.binders").items()
+    )
+    resources = reader.strings(data.get("resources", list(DEFAULT_DEVICE_PATTERNS)), f"{where}.resources")
+    owners = tuple(reader.mapping(data.get("owners") or {}, f"{where}.owners").items())
+    annotations = tuple(reader.mapping(data.get("annotations") or {}, f"{where}.annotations").items())
+    for key, owner in (*owners, *annotations):
+        if not isinstance(owner, str) or not owner:
+            reader.fail(f"{where}.owners.{key}", "the owner must be a scheduler name")
+    for pattern in (*resources, *(p for p, _ in owners)):
+        if "[" in pattern:
+            reader.fail(f"{where}", f"pattern {pattern!r}: only * and ? wildcards are supported")
+    for i, (first, first_owner) in enumerate(owners):
+        for second, second_owner in owners[i + 1 :]:
+            if first_owner != second_owner and globs_overlap(first, second):
+                reader.fail(
+                    f"{where}.owners",
+                    f"{first!r} (owner {first_owner}) and {second!r} (owner {second_owner}) "
+                    "match the same resource; a resource can have only one owner",
+                )
+    return DeviceSchedulerConfig(
+        mode=read_mode(reader, data, where, MODES),
+        resources=resources,
+        owners=owners,
+        annotations=annotations,
+        autodetect=reader.boolean(data.get("autodetect", True), f"{where}.autodetect", True),
+        binders=binders,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,8 +129,9 @@ def _scheduler(spec: Mapping) -> str:
     return spec.get("schedulerName") or DEFAULT_SCHEDULER
 
 
-def check(review: Review, state: ClusterState | None, config: DeviceSchedulerConfig) -> list[Finding]:
-    owners = {d: o for d, o in device_owners(review, state, config).items() if o is not None}
+def check(review: Review, context: Context) -> list[Finding]:
+    settings = context.config.policy(NAME)
+    owners = {d: o for d, o in device_owners(review, context.state, settings).items() if o is not None}
     if not owners:
         return []
     spec = review.shape.spec

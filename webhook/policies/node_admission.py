@@ -6,20 +6,139 @@ node rejects it and marks it Failed.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
 from ..checks import kubelet_admission
 from ..checks.node_affinity import node_affinity_mismatch
 from ..checks.placement import candidates
-from ..checks.sysctl import REASON as SYSCTL_FORBIDDEN
 from ..checks.sysctl import forbidden_sysctl, pod_sysctls
-from ..config import NodeAdmissionConfig
+from ..globs import matches_any
+from ..kube.reasons import SYSCTL_FORBIDDEN
+from ..kube.sysctls import namespace_of, normalize
 from ..kube.tolerations import untolerated_taint
-from ..state import ClusterState
 from ..state.model import is_mirror
-from . import Finding, Review
+from . import NO_FIX, POD_FIELDS, Context, Finding, Review, read_mode
+
+if TYPE_CHECKING:
+    from ..reader import Reader
+    from ..state import ClusterState
 
 NAME = "nodeAdmission"
 UNKNOWN_NODE = "UnknownNode"
 STATE_UNAVAILABLE = "ClusterStateUnavailable"
+NO_CLUSTER_STATE = "NoClusterState"
+# Its own codes; a pod the kubelet would reject is denied with the kubelet's reason
+# (``checks.KUBELET_CHECKS``).
+REASONS = (UNKNOWN_NODE, STATE_UNAVAILABLE, NO_CLUSTER_STATE, SYSCTL_FORBIDDEN)
+MODES = NO_FIX
+READS = POD_FIELDS
+STATIC = None  # the kubelet's verdict needs the node's state
+
+
+@dataclass(frozen=True, slots=True)
+class UnsafeSysctls:
+    """A kubelet's ``--allowed-unsafe-sysctls`` for the nodes whose labels match ``node_selector``."""
+
+    node_selector: tuple[tuple[str, str], ...]
+    sysctls: tuple[str, ...]  # names, or prefixes ending in ``*``
+
+    def applies_to(self, labels: Mapping[str, str]) -> bool:
+        return all(labels.get(key) == value for key, value in self.node_selector)
+
+
+@dataclass(frozen=True, slots=True)
+class ReservationsConfig:
+    """How allowed binds hold capacity until the watch shows the pod bound."""
+
+    namespace: str = ""  # coordination Leases live here; "" means the guard's own namespace
+    ttl_seconds: float = 30.0
+    deadline_seconds: float = 1.0  # one API call; slower is an outage (fail open)
+    wait_seconds: float = 2.0  # for sibling decisions on the same node; past it, denied Busy
+    # Without an authenticated caller (serve --client-ca), a reservation whose pod the state does
+    # not show on its node within this many seconds is released: forged reviews hold nothing long.
+    confirm_seconds: float = 5.0
+    coordinate: tuple[str, ...] | None = None  # None: deviceScheduler.resources
+
+    def coordinated(self, resource: str, device_patterns: tuple[str, ...]) -> bool:
+        return matches_any(resource, self.coordinate if self.coordinate is not None else device_patterns)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeAdmissionConfig:
+    mode: str = "enforce"
+    unknown_node: str = "deny"
+    allowed_unsafe_sysctls: tuple[UnsafeSysctls, ...] = ()
+    reservations: ReservationsConfig = field(default_factory=ReservationsConfig)
+
+    def unsafe_sysctls_for(self, labels: Mapping[str, str]) -> tuple[str, ...]:
+        """The unsafe sysctls the kubelet of a node with these labels allows."""
+        if not self.allowed_unsafe_sysctls:
+            return ()
+        return tuple(
+            name
+            for entry in self.allowed_unsafe_sysctls
+            if entry.applies_to(labels)
+            for name in entry.sysctls
+        )
+
+
+Settings = NodeAdmissionConfig
+
+
+def read_settings(reader: Reader, data: Any, where: str) -> NodeAdmissionConfig:
+    data = reader.mapping(data, where, {"mode", "unknownNode", "allowedUnsafeSysctls", "reservations"})
+    unknown = data.get("unknownNode", "deny")
+    if unknown not in ("deny", "allow"):
+        reader.fail(f"{where}.unknownNode", f"{unknown!r} is not one of deny, allow")
+    mode = read_mode(reader, data, where, MODES)
+    entries = reader.sequence(data.get("allowedUnsafeSysctls") or [], f"{where}.allowedUnsafeSysctls")
+    return NodeAdmissionConfig(
+        mode=mode,
+        unknown_node=unknown,
+        reservations=_reservations(reader, data.get("reservations") or {}, f"{where}.reservations"),
+        allowed_unsafe_sysctls=tuple(
+            _unsafe_sysctls(reader, entry, f"{where}.allowedUnsafeSysctls[{i}]")
+            for i, entry in enumerate(entries)
+        ),
+    )
+
+
+def _reservations(reader: Reader, data: Any, where: str) -> ReservationsConfig:
+    keys = {"namespace", "ttlSeconds", "deadlineSeconds", "waitSeconds", "confirmSeconds", "coordinate"}
+    data = reader.mapping(data, where, keys)
+    defaults = ReservationsConfig()
+    namespace = data.get("namespace", "")
+    if not isinstance(namespace, str):
+        reader.fail(f"{where}.namespace", "must be a namespace name")
+        namespace = ""
+    coordinate = data.get("coordinate")
+    return ReservationsConfig(
+        namespace=namespace,
+        ttl_seconds=reader.number(data.get("ttlSeconds", defaults.ttl_seconds), f"{where}.ttlSeconds", 1),
+        deadline_seconds=reader.number(
+            data.get("deadlineSeconds", defaults.deadline_seconds), f"{where}.deadlineSeconds", 0.05
+        ),
+        wait_seconds=reader.number(data.get("waitSeconds", defaults.wait_seconds), f"{where}.waitSeconds", 0),
+        confirm_seconds=reader.number(
+            data.get("confirmSeconds", defaults.confirm_seconds), f"{where}.confirmSeconds", 0.5
+        ),
+        coordinate=None if coordinate is None else reader.strings(coordinate, f"{where}.coordinate"),
+    )
+
+
+def _unsafe_sysctls(reader: Reader, data: Any, where: str) -> UnsafeSysctls:
+    data = reader.mapping(data, where, {"nodeSelector", "sysctls"})
+    selector = reader.mapping(data.get("nodeSelector") or {}, f"{where}.nodeSelector")
+    if not all(isinstance(v, str) for v in selector.values()):
+        reader.fail(f"{where}.nodeSelector", "label values must be strings")
+    sysctls = reader.strings(data.get("sysctls") or [], f"{where}.sysctls")
+    for name in sysctls:
+        # The kubelet refuses to start with a sysctl that no pod namespace isolates.
+        if namespace_of(normalize(name).removesuffix("*")) is None:
+            reader.fail(f"{where}.sysctls", f"{name!r} is not a namespaced sysctl (kubelets refuse it)")
+    return UnsafeSysctls(tuple((str(k), str(v)) for k, v in selector.items()), sysctls)
 
 # The scheduler's TaintToleration filter (cordoned nodes carry node.kubernetes.io/unschedulable).
 _SCHEDULER_TAINT_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
@@ -39,15 +158,10 @@ DAEMON_TOLERATIONS = tuple(
 )
 
 
-def check(
-    review: Review,
-    state: ClusterState | None,
-    config: NodeAdmissionConfig,
-    unavailable: str | None = None,
-    fail_open: bool = True,
-) -> list[Finding]:
-    """``unavailable`` says why live state cannot be trusted (not synced, stale): the check
-    is then skipped with a warning, or denied when the guard fails closed."""
+def check(review: Review, context: Context) -> list[Finding]:
+    """``context.unavailable`` says why live state cannot be trusted (not synced, stale): the
+    check is then skipped with a warning, or denied when the guard fails closed."""
+    state, config = context.state, context.config.policy(NAME)
     node_name = review.shape.spec.get("nodeName")
     if not node_name:
         return unschedulable_sysctls(review, state, config)
@@ -55,20 +169,20 @@ def check(
         return []
     if is_mirror(review.shape.metadata):
         return []  # the kubelet never admits mirror pods: their static pod already runs
-    if unavailable is not None:
+    if context.unavailable is not None:
         return [
             Finding(
                 STATE_UNAVAILABLE,
                 f"{review.description} sets spec.nodeName={node_name!r}, but the kubelet's "
-                f"admission could not be checked: {unavailable}.",
+                f"admission could not be checked: {context.unavailable}.",
                 node=node_name,
-                advisory=fail_open,
+                advisory=context.config.fail_open,
             )
         ]
     if state is None:
         return [
             Finding(
-                "NoClusterState",
+                NO_CLUSTER_STATE,
                 f"{review.description} sets spec.nodeName={node_name!r}, "
                 "but no cluster state was given, so the kubelet's admission was not checked.",
                 node=node_name,
@@ -129,7 +243,7 @@ def unschedulable_sysctls(
         for node in state.nodes.values()
         if node_affinity_mismatch(review.pod, node) is None
         and untolerated_taint(node.taints, tolerations, _SCHEDULER_TAINT_EFFECTS) is None
-        for failure in (forbidden_sysctl(review.pod, node, config.unsafe_sysctls_for(node.labels)),)
+        for failure in (forbidden_sysctl(review.pod, node, None, config.unsafe_sysctls_for(node.labels)),)
         if failure is not None
     ]
     if not refused:

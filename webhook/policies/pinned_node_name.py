@@ -8,22 +8,50 @@ the scheduler honours, so pods wait as Pending rather than fail in a loop.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from ..checks.placement import candidates, verdict
-from ..config import NodeAdmissionConfig
 from ..kube.errors import FieldError
 from ..kube.selectors import is_empty_term
-from ..state import ClusterState
-from . import Finding, Patch, Review
+from . import ALL_MODES, POD_SHAPE, Context, Finding, Patch, Review, StaticPolicy, read_mode
+
+if TYPE_CHECKING:
+    from ..reader import Reader
+    from ..state import ClusterState
+    from .node_admission import NodeAdmissionConfig
 
 NAME = "pinnedNodeName"
 REASON = "PinnedNodeName"
+REASONS = (REASON,)
+MODES = ALL_MODES
+# It judges the template's nodeName alone, so an unreadable request elsewhere in the pod
+# cannot make it fail open.
+READS = POD_SHAPE
 
 
-def check(
+@dataclass(frozen=True, slots=True)
+class PinnedNodeNameConfig:
+    mode: str = "enforce"
+
+
+Settings = PinnedNodeNameConfig
+
+
+def read_settings(reader: Reader, data: Any, where: str) -> PinnedNodeNameConfig:
+    data = reader.mapping(data, where, {"mode"})
+    return PinnedNodeNameConfig(mode=read_mode(reader, data, where, MODES))
+
+
+def check(review: Review, context: Context) -> list[Finding]:
+    """Node capacity in the message is judged with ``nodeAdmission``'s sysctl allowlists."""
+    return findings(review, context.state, context.config.node_admission)
+
+
+def findings(
     review: Review, state: ClusterState | None, node_config: NodeAdmissionConfig | None = None
 ) -> list[Finding]:
+    """The finding for a pinned template; ``audit`` asks it without a config."""
     shape = review.shape
     node = shape.spec.get("nodeName")
     if not shape.is_template or not node:
@@ -100,3 +128,48 @@ def node_affinity_patch(path: str, spec: Mapping[str, Any], node: str) -> Patch:
         else:
             ops.append({"op": "add", "path": f"{pointer}/{i}/matchFields", "value": [requirement]})
     return tuple(ops)
+
+
+def _spec_of(root: str) -> str:
+    """CEL for the pod template spec of any workload kind the engine recognises."""
+    return (
+        f"{root}.kind == 'CronJob' ? {root}.spec.jobTemplate.spec.template.spec : "
+        f"{root}.kind == 'PodTemplate' ? {root}.template.spec : {root}.spec.template.spec"
+    )
+
+
+# An UPDATE that keeps the pin it already had stays allowed, as in ``check``: existing
+# objects must remain updatable (finalizers, labels, scale).
+PINNED_EXPRESSION = (
+    "!has(variables.spec.nodeName) || variables.spec.nodeName == '' || "
+    "(request.operation == 'UPDATE' && has(variables.oldSpec.nodeName) && "
+    "variables.oldSpec.nodeName == variables.spec.nodeName)"
+)
+PINNED_MESSAGE = (
+    "object.kind + ' ' + object.metadata.namespace + '/' + object.metadata.name + "
+    "' sets spec.nodeName to ' + variables.spec.nodeName + ' in its pod template: its pods skip the "
+    "scheduler, and every pod the kubelet rejects is replaced at once. Pin the node with required node "
+    "affinity on metadata.name or a nodeSelector on kubernetes.io/hostname instead.'"
+)
+WORKLOAD_RULES = [
+    {"apiGroups": ["apps"], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
+     "resources": ["deployments", "replicasets", "statefulsets", "daemonsets"]},
+    {"apiGroups": ["batch"], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
+     "resources": ["jobs", "cronjobs"]},
+    {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
+     "resources": ["replicationcontrollers", "podtemplates"]},
+]  # fmt: skip
+STATIC = StaticPolicy(
+    resource_rules=WORKLOAD_RULES,
+    variables=[
+        {"name": "spec", "expression": _spec_of("object")},
+        # Compared through the operation, not with null: UPDATE always has an oldObject.
+        {
+            "name": "oldSpec",
+            "expression": f"request.operation == 'UPDATE' ? ({_spec_of('oldObject')}) : null",
+        },
+    ],
+    validations=[
+        {"expression": PINNED_EXPRESSION, "messageExpression": PINNED_MESSAGE, "reason": "Forbidden"}
+    ],
+)

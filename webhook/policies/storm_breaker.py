@@ -10,20 +10,52 @@ from __future__ import annotations
 
 import shlex
 from collections import Counter
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from ..config import StormBreakerConfig
 from ..kube.rejection import controller_owner
-from ..state import ClusterState
 from ..state.rejections import Breaker
-from . import Finding, Review
+from . import NO_FIX, POD_SHAPE, Context, Finding, Review, read_mode
+
+if TYPE_CHECKING:
+    from ..reader import Reader
 
 NAME = "stormBreaker"
 REASON = "AdmissionStorm"
+REASONS = (REASON,)
+MODES = NO_FIX
+READS = POD_SHAPE
+STATIC = None  # the breakers live in the guard
 
 
-def check(
-    review: Review, state: ClusterState | None, config: StormBreakerConfig, now: float | None
-) -> list[Finding]:
+@dataclass(frozen=True, slots=True)
+class StormBreakerConfig:
+    mode: str = "enforce"
+    threshold: int = 20
+    window_seconds: float = 300.0
+    cooldown_seconds: float = 120.0
+
+
+Settings = StormBreakerConfig
+
+
+def read_settings(reader: Reader, data: Any, where: str) -> StormBreakerConfig:
+    data = reader.mapping(data, where, {"mode", "threshold", "windowSeconds", "cooldownSeconds"})
+    defaults = StormBreakerConfig()
+    return StormBreakerConfig(
+        mode=read_mode(reader, data, where, MODES),
+        threshold=int(reader.number(data.get("threshold", defaults.threshold), f"{where}.threshold", 1)),
+        window_seconds=reader.number(
+            data.get("windowSeconds", defaults.window_seconds), f"{where}.windowSeconds", 1
+        ),
+        cooldown_seconds=reader.number(
+            data.get("cooldownSeconds", defaults.cooldown_seconds), f"{where}.cooldownSeconds", 0.001
+        ),
+    )
+
+
+def check(review: Review, context: Context) -> list[Finding]:
+    state, now = context.state, context.now
     if review.shape.kind != "Pod" or review.operation != "CREATE" or now is None:
         return []
     if state is None or state.storm is None:

@@ -68,7 +68,7 @@ class PodRecord:
 
 @dataclass(slots=True)
 class Node:
-    """A node as the kubelet's admission sees it (spec §3, §10)."""
+    """A node as the kubelet's admission sees it (kubelet-admission-spec §3, §10)."""
 
     name: str
     allocatable: ResourceVector

@@ -1,0 +1,12 @@
+"""The policies, in the order the engine runs them: adding a policy is adding its module here.
+
+Order matters where a policy fixes what a later one judges: the engine re-reads the object
+after each fix, so ``deviceScheduler`` sees the template ``pinnedNodeName`` repaired.
+"""
+
+from __future__ import annotations
+
+from . import Policy, device_scheduler, node_admission, pinned_node_name, storm_breaker
+
+POLICIES: tuple[Policy, ...] = (pinned_node_name, device_scheduler, node_admission, storm_breaker)
+NAMES = tuple(policy.NAME for policy in POLICIES)
