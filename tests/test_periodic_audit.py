@@ -48,7 +48,7 @@ def test_the_periodic_audit_publishes_node_findings_and_zeroes_resolved_ones():
 
 def test_the_periodic_audit_counts_storms_in_progress_by_namespace_and_zeroes_ended_ones():
     from webhook.kube.rejection import Owner
-    from webhook.state.rejections import StormBreakers
+    from webhook.state.storm import StormBreakers
 
     state, metrics = ClusterState(StormBreakers(threshold=2, window=60, cooldown=10)), Metrics()
     owner = Owner("rs-1", "ReplicaSet", "trainer-7d9f", "ml")

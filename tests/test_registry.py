@@ -42,7 +42,7 @@ def test_every_registered_policy_exposes_the_policy_shape(policy):
 
 
 # A new policy, as a module of its own; the registry gains it in its import and its tuple.
-NEW_POLICY = '''
+NEW_POLICY = """
 from dataclasses import dataclass
 from webhook.policies import ALL_MODES, POD_SHAPE, Finding, StaticPolicy, read_mode
 
@@ -64,7 +64,7 @@ def read_settings(reader, data, where):
 def check(review, context):
     images = [c.get("image", "") for c in review.shape.spec.get("containers", [])]
     return [Finding("LatestTag", f"{review.description} runs {i}") for i in images if i.endswith(":latest")]
-'''
+"""
 USE_IT = """
 import sys, types
 from pathlib import Path

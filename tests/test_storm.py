@@ -19,8 +19,8 @@ from webhook.kube.rejection import Owner
 from webhook.server import create_app
 from webhook.state.apiserver import ApiServer
 from webhook.state.informer import Informer, Timing
-from webhook.state.rejections import CLOSED, HALF_OPEN, MAX_COOLDOWN, MAX_KEPT, MAX_SEEN, OPEN, StormBreakers
 from webhook.state.snapshot import load_snapshot
+from webhook.state.storm import CLOSED, HALF_OPEN, MAX_COOLDOWN, MAX_KEPT, MAX_SEEN, OPEN, StormBreakers
 
 OWNER = Owner("rs-uid", "ReplicaSet", "trainer-7d9f", "ml")
 REF = {
@@ -150,7 +150,7 @@ def test_an_open_breaker_whose_owner_creates_no_pods_is_forgotten_after_a_cooldo
 
 
 def test_each_breaker_transition_is_one_log_line(caplog):
-    caplog.set_level("INFO", logger="webhook.state.rejections")
+    caplog.set_level("INFO", logger="webhook.state.storm")
     storm = StormBreakers(threshold=1, window=60, cooldown=10)
     storm.rejected(OWNER, "a", "OutOfcpu", "n1", 0)
     storm.probe_admitted("rs-uid", 11)
@@ -359,5 +359,5 @@ def test_serve_writes_breaker_transitions_to_stderr_at_its_log_level(capsys):
         package.propagate = True
         package.setLevel(logging.NOTSET)
     err = capsys.readouterr().err
-    assert "[WARNING] webhook.state.rejections: storm breaker open for ReplicaSet ml/trainer-7d9f" in err
-    assert "[INFO] webhook.state.rejections: storm breaker half-open" in err
+    assert "[WARNING] webhook.state.storm: storm breaker open for ReplicaSet ml/trainer-7d9f" in err
+    assert "[INFO] webhook.state.storm: storm breaker half-open" in err

@@ -12,8 +12,8 @@ from tests.test_storm import owned, rejected
 from webhook.config import config_from_dict
 from webhook.server import create_app
 from webhook.state import ClusterState
-from webhook.state.rejections import CLOSED, HALF_OPEN, StormBreakers
 from webhook.state.source import FixedState
+from webhook.state.storm import CLOSED, HALF_OPEN, StormBreakers
 from webhook.state.storm_probes import shared_probes
 
 COOLDOWN = 10.0

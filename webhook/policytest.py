@@ -26,9 +26,9 @@ from .manifests import Document, ManifestError, documents_in
 from .reader import Reader, ReadError, load_yaml
 from .state import ClusterState, node_from, pod_record
 from .state.model import object_key
-from .state.rejections import StormBreakers
 from .state.snapshot import SnapshotError, load_snapshot
 from .state.source import FixedState
+from .state.storm import StormBreakers
 
 API_VERSION = "admit-guard.io/v1alpha1"
 KIND = "PolicyTest"

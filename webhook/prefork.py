@@ -67,9 +67,9 @@ def worker_app(
     from .binding import BindGuard
     from .server import create_app
     from .state.informer import Informer, Timing
-    from .state.rejections import StormBreakers
     from .state.reservations import LeaseStore, LocalTable
     from .state.source import FixedState
+    from .state.storm import StormBreakers
     from .state.storm_probes import shared_probes
 
     waits = config.node_admission.reservations

@@ -25,8 +25,8 @@ from .decision_log import flush_decision_lines, line_writer, log_lines_in_backgr
 from .endpoints import AdmissionEndpoints, error_body
 from .kube.rejection import controller_owner
 from .metrics import Metrics
-from .state.rejections import StormBreakers
 from .state.source import StateSource
+from .state.storm import StormBreakers
 from .state.storm_probes import SharedProbes
 
 SOURCE_EXTENSION = "admit_guard.state_source"

@@ -140,6 +140,7 @@ def _unsafe_sysctls(reader: Reader, data: Any, where: str) -> UnsafeSysctls:
             reader.fail(f"{where}.sysctls", f"{name!r} is not a namespaced sysctl (kubelets refuse it)")
     return UnsafeSysctls(tuple((str(k), str(v)) for k, v in selector.items()), sysctls)
 
+
 # The scheduler's TaintToleration filter (cordoned nodes carry node.kubernetes.io/unschedulable).
 _SCHEDULER_TAINT_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
 # What the DaemonSet controller adds to every pod it creates (``util.AddOrUpdateDaemonPodTolerations``):

@@ -3,7 +3,7 @@
 A ReplicaSet, ReplicationController or StatefulSet replaces every pod the kubelet rejects at
 once, whatever the reason (a dead GPU, a topology error, a label change): thousands of Failed
 pods in minutes. Denying the controller's CREATEs makes it back off instead. The breakers live
-in the cluster state (``state/rejections.py``); this policy only reads them.
+in the cluster state (``state/storm.py``); this policy only reads them.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..kube.rejection import controller_owner
-from ..state.rejections import Breaker
+from ..state.storm import Breaker
 from . import NO_FIX, POD_SHAPE, Context, Finding, Review, read_mode
 
 if TYPE_CHECKING:

@@ -25,9 +25,9 @@ import orjson
 from ..kube.errors import FieldError
 from .apiserver import ApiError, ApiServer, watch_lines
 from .model import ClusterState, node_from, object_key, pod_record
-from .rejections import StormBreakers
 from .snapshot import collector_paused
 from .source import Readiness, StateView
+from .storm import StormBreakers
 
 log = logging.getLogger(__name__)
 GONE = 410

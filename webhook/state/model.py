@@ -27,7 +27,7 @@ from ..kube.resources import (
     resource_list,
 )
 from ..kube.tolerations import Taint, taint_from
-from .rejections import StormBreakers
+from .storm import StormBreakers
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 PRESSURE_CONDITIONS = ("MemoryPressure", "DiskPressure", "PIDPressure")

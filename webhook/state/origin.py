@@ -72,7 +72,7 @@ class StateOrigin:
             return self.snapshot(storm)
         from .apiserver import ApiError
         from .informer import live_snapshot
-        from .rejections import StormBreakers
+        from .storm import StormBreakers
 
         breakers = StormBreakers.from_config(storm) if storm is not None else None
         try:

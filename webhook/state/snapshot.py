@@ -17,7 +17,7 @@ from ..json_items import NotStreamable, list_items
 from ..kube.errors import FieldError
 from ..manifests import Document, Location, ManifestError, list_item, manifest_files, read_documents
 from .model import ClusterState, node_from, object_key, pod_record
-from .rejections import StormBreakers
+from .storm import StormBreakers
 
 if TYPE_CHECKING:
     from ..config import StormBreakerConfig

@@ -1,5 +1,5 @@
 """The storm breakers' probe slots, shared: by the workers of a replica through its table, and
-by every replica through a Lease per open breaker (see ``rejections``: why, and ``adopt``).
+by every replica through a Lease per open breaker (see ``storm``: why, and ``adopt``).
 
 I/O lives here, beside the breakers it feeds; the breakers themselves stay pure.
 """
@@ -10,8 +10,8 @@ import logging
 from typing import Any
 
 from .apiserver import ApiError
-from .rejections import ProbeSlot, StormBreakers
 from .reservations import Budget, Busy, Codec, DeadlineExceeded, LeaseStore, LocalTable
+from .storm import ProbeSlot, StormBreakers
 
 log = logging.getLogger(__name__)
 

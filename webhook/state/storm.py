@@ -240,7 +240,6 @@ class StormBreakers:
             "storm breaker open for %s: %s; cool-down %.0f s", _describe(breaker.owner), why, cooldown
         )
 
-
     def _close(self, breaker: Breaker) -> None:
         breaker.state, breaker.probe_at = CLOSED, None
         breaker.recent.clear()  # the pods stay seen: listed again, they count no more
