@@ -57,9 +57,15 @@ def resource_slice(
         body["devices"] = devices
     if counters:
         body["sharedCounters"] = [
-            {"name": s, "counters": {c: {"value": v} for c, v in values.items()}} for s, values in counters.items()
+            {"name": s, "counters": {c: {"value": v} for c, v in values.items()}}
+            for s, values in counters.items()
         ]
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": name}, "spec": body}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": name},
+        "spec": body,
+    }
 
 
 def gpus(*names: str, **kwargs: Any) -> list[dict[str, Any]]:
