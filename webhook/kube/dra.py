@@ -14,12 +14,15 @@ documents the two spellings as one capacity).
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
+import orjson
+
 from .errors import MAPPING, FieldError, mapping_at
-from .quantity import QuantityError, ceil_int, format_amount, parse_quantity
+from .quantity import CACHED_LENGTH, QuantityError, ceil_int, format_amount, parse_quantity
 from .selectors import node_selector_terms_match
 from .tolerations import Taint
 
@@ -65,23 +68,37 @@ def format_nano(amount: int) -> str:
 def quantity(raw: object, field: str) -> int:
     """A non-negative quantity in nano-units."""
     try:
-        value = parse_quantity(raw)
+        if type(raw) is str and len(raw) <= CACHED_LENGTH:
+            return _nano(raw)  # a cluster repeats a handful of quantities
+        return _nano_of(raw)
     except QuantityError as err:
         raise FieldError(field, str(err)) from None
+
+
+def _nano_of(raw: object) -> int:
+    value = parse_quantity(raw)
     if value < 0:
-        raise FieldError(field, f"{raw!r} must not be negative")
+        raise QuantityError(f"{raw!r} must not be negative")
     return ceil_int(value * NANO)
 
 
-def _string(obj: Mapping[str, Any], key: str, field: str, *, required: bool = True) -> str:
+_nano = lru_cache(maxsize=4096)(_nano_of)
+
+
+def _string(
+    obj: Mapping[str, Any], key: str, field: str, *, required: bool = True, unique: bool = False
+) -> str:
+    """A string; names that repeat across objects are interned, ``unique`` ones (uids) not."""
     value = obj.get(key)
+    if type(value) is str and value:
+        return value if unique else _intern(value)
     if value is None or value == "":
         if required:
             raise FieldError(field, "is required")
         return ""
     if not isinstance(value, str):
         raise FieldError(field, "must be a string")
-    return _intern(value)
+    return value if unique else _intern(value)
 
 
 def _integer(obj: Mapping[str, Any], key: str, field: str, default: int | None = None) -> int:
@@ -104,7 +121,9 @@ def _boolean(obj: Mapping[str, Any], key: str, field: str) -> bool:
 
 def _mappings(obj: Mapping[str, Any], key: str, field: str) -> list[Mapping[str, Any]]:
     value = obj.get(key)
-    if value is None:
+    if not value and value is not None and not isinstance(value, list):
+        raise FieldError(field, "must be a list of objects")
+    if not value:
         return []
     if not isinstance(value, list) or not all(isinstance(item, MAPPING) for item in value):
         raise FieldError(field, "must be a list of objects")
@@ -131,8 +150,29 @@ def _amounts(obj: Mapping[str, Any], field: str, driver: str, nested: str | None
 # --- node selection ------------------------------------------------------------------------------
 
 Requirement = tuple[str, str, tuple[str, ...]]  # key, operator, values
-_selectors: dict[tuple, NodeSelector] = {}
-_SHARED_MAX = 16_384
+_SHARED_MAX = 16_384  # distinct inputs remembered per kind: a cluster has a few per node type
+_SHARED_KEY_BYTES = 2048  # larger inputs are parsed every time, never kept
+_selectors: dict[str, NodeSelector] = {}
+_devices: dict[str, Device] = {}
+
+
+def _shared(cache: dict[str, Any], inputs: object, parse: Callable[[], Any]) -> Any:
+    """``parse()``, once per distinct JSON of ``inputs`` (everything ``parse`` reads): the
+    devices of every node of a type, and the node selectors of a node's claims, are one object.
+    Errors are never cached; inputs that are not plain JSON are parsed every time."""
+    try:
+        # As a str: orjson's bytes keep a 4 KiB buffer whatever their length.
+        key = orjson.dumps(inputs).decode()
+    except TypeError:  # orjson.JSONEncodeError
+        return parse()
+    found = cache.get(key)
+    if found is None:
+        found = parse()
+        if len(key) <= _SHARED_KEY_BYTES:
+            if len(cache) >= _SHARED_MAX:
+                cache.clear()
+            cache[key] = found
+    return found
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +202,10 @@ class NodeSelector:
 def node_selector(raw: object, field: str) -> NodeSelector | None:
     if raw is None:
         return None
+    return _shared(_selectors, raw, lambda: _node_selector(raw, field))
+
+
+def _node_selector(raw: object, field: str) -> NodeSelector:
     if not isinstance(raw, MAPPING):
         raise FieldError(field, "must be a mapping")
     terms = []
@@ -173,13 +217,7 @@ def node_selector(raw: object, field: str) -> NodeSelector | None:
                 _requirements(term, "matchFields", f"{where}.matchFields"),
             )
         )
-    selector = NodeSelector(tuple(terms))
-    shared = _selectors.get(selector.terms)
-    if shared is None:
-        if len(_selectors) >= _SHARED_MAX:
-            _selectors.clear()
-        shared = _selectors[selector.terms] = selector
-    return shared
+    return NodeSelector(tuple(terms))
 
 
 def _requirements(term: Mapping[str, Any], key: str, field: str) -> tuple[Requirement, ...]:
@@ -289,9 +327,6 @@ class ResourceSlice:
         return (self.driver, self.pool)
 
 
-_devices: dict[Device, Device] = {}
-
-
 def resource_slice_from(obj: Mapping[str, Any]) -> ResourceSlice:
     """Read a ResourceSlice; the 1.34 layout (counters and devices in one slice) included."""
     metadata = mapping_at(obj, "metadata", "metadata")
@@ -303,7 +338,11 @@ def resource_slice_from(obj: Mapping[str, Any]) -> ResourceSlice:
         raise FieldError("spec.pool.resourceSliceCount", "must be greater than zero")
     generation = _integer(pool, "generation", "spec.pool.generation", default=0)
     devices = tuple(
-        _shared_device(_device(d, f"spec.devices[{i}]", driver))
+        _shared(
+            _devices,
+            [driver, *map(d.get, _DEVICE_FIELDS)],
+            lambda d=d, i=i: _device(d, f"spec.devices[{i}]", driver),
+        )
         for i, d in enumerate(_mappings(spec, "devices", "spec.devices"))
     )
     counters = tuple(
@@ -326,13 +365,17 @@ def resource_slice_from(obj: Mapping[str, Any]) -> ResourceSlice:
     )
 
 
-def _shared_device(device: Device) -> Device:
-    shared = _devices.get(device)
-    if shared is None:
-        if len(_devices) >= _SHARED_MAX:
-            _devices.clear()
-        shared = _devices[device] = device
-    return shared
+_DEVICE_FIELDS = (
+    "name",
+    "capacity",
+    "allowMultipleAllocations",
+    "consumesCounters",
+    "taints",
+    "nodeName",
+    "nodeSelector",
+    "allNodes",
+    "bindsToNode",
+)
 
 
 def _device(obj: Mapping[str, Any], field: str, driver: str) -> Device:
@@ -422,6 +465,9 @@ class DeviceToleration:
 
 
 def _tolerations(obj: Mapping[str, Any], field: str) -> tuple[DeviceToleration, ...]:
+    if not obj.get("tolerations"):
+        _mappings(obj, "tolerations", field)  # only to refuse a wrong type
+        return ()
     return tuple(
         DeviceToleration(
             _string(t, "key", f"{field}[{i}].key", required=False),
@@ -530,11 +576,17 @@ def claim_key(obj: Mapping[str, Any]) -> str:
     return _claim_ref(mapping_at(obj, "metadata", "metadata")).key
 
 
+def claim_allocation_from(obj: Mapping[str, Any]) -> tuple[str, ClaimAllocation | None]:
+    """A claim's key and allocation, its spec unread: what a watch event changes in the index."""
+    ref = _claim_ref(mapping_at(obj, "metadata", "metadata"))
+    return ref.key, allocation_from(ref, mapping_at(obj, "status", "status"))
+
+
 def _claim_ref(metadata: Mapping[str, Any]) -> ClaimRef:
     return ClaimRef(
         _string(metadata, "namespace", "metadata.namespace", required=False) or "default",
-        _string(metadata, "name", "metadata.name"),
-        _string(metadata, "uid", "metadata.uid", required=False),
+        _string(metadata, "name", "metadata.name", unique=True),
+        _string(metadata, "uid", "metadata.uid", required=False, unique=True),
     )
 
 
@@ -592,8 +644,8 @@ def allocation_from(ref: ClaimRef, status: Mapping[str, Any]) -> ClaimAllocation
     reserved = tuple(
         ReservedFor(
             _string(r, "resource", f"status.reservedFor[{i}].resource", required=False) or "pods",
-            _string(r, "name", f"status.reservedFor[{i}].name"),
-            _string(r, "uid", f"status.reservedFor[{i}].uid", required=False),
+            _string(r, "name", f"status.reservedFor[{i}].name", unique=True),
+            _string(r, "uid", f"status.reservedFor[{i}].uid", required=False, unique=True),
         )
         for i, r in enumerate(_mappings(status, "reservedFor", "status.reservedFor"))
     )
@@ -604,7 +656,7 @@ def allocation_from(ref: ClaimRef, status: Mapping[str, Any]) -> ClaimAllocation
 def _result(obj: Mapping[str, Any], field: str) -> AllocatedDevice:
     driver = _string(obj, "driver", f"{field}.driver")
     consumed = obj.get("consumedCapacity")
-    share_id = _string(obj, "shareID", f"{field}.shareID", required=False)
+    share_id = _string(obj, "shareID", f"{field}.shareID", required=False, unique=True)
     return AllocatedDevice(
         key=(driver, _string(obj, "pool", f"{field}.pool"), _string(obj, "device", f"{field}.device")),
         request=_string(obj, "request", f"{field}.request"),

@@ -25,9 +25,9 @@ from ..kube.dra import (
     DeviceTaintRule,
     PoolKey,
     ResourceSlice,
+    claim_allocation_from,
     device_class_from,
     device_taint_rule_from,
-    resource_claim_from,
     resource_slice_from,
 )
 from ..kube.tolerations import Taint
@@ -193,11 +193,11 @@ class DeviceIndex:
 
     def set_claim(self, obj: Mapping[str, Any]) -> None:
         """A ResourceClaim added or updated: it holds its devices iff it has an allocation."""
-        claim = resource_claim_from(obj)
-        if claim.allocation is None:
-            self.remove_claim(claim.key)
+        key, allocation = claim_allocation_from(obj)
+        if allocation is None:
+            self.remove_claim(key)
         else:
-            self.set_allocation(claim.allocation)
+            self.set_allocation(allocation)
 
     def set_allocation(self, allocation: ClaimAllocation) -> None:
         key = allocation.key
