@@ -25,6 +25,7 @@ from webhook.kube.dra import (
     Taint,
     ValidRange,
     allocation_written,
+    format_nano,
     resource_claim_from,
     resource_slice_from,
 )
@@ -626,6 +627,18 @@ def test_every_result_is_evaluated_and_each_reason_reported_once_in_order():
     }
 
 
+def test_an_indexed_allocation_can_be_audited_against_the_others():
+    """Audit: each of two claims already holding one device finds the other."""
+    index = index_of(
+        slices=[NODE_1], claims=[claim("a", results=[result("gpu-0")]), claim("b", results=[result("gpu-0")])]
+    )
+    for key, other in (("uid-default-a", "default/b"), ("uid-default-b", "default/a")):
+        findings = judge_allocation(index.claim(key), index)
+        assert [(f.reason, [str(h) for h in f.holders]) for f in findings] == [
+            ("DeviceAlreadyAllocated", [other])
+        ]
+
+
 # --- readers -----------------------------------------------------------------------------------------
 
 
@@ -701,6 +714,34 @@ def test_device_tolerations_and_taints_read():
     toleration = parsed.request("gpu").tolerations[0]
     assert toleration.tolerates(Taint("k", "v", "NoSchedule"))
     assert not toleration.tolerates(Taint("k", "v", "NoExecute"))
+
+
+def test_the_allocation_node_selector_says_which_nodes_can_use_the_devices():
+    """``createNodeSelector``: ``matchFields metadata.name In [node]`` for node-local devices;
+    equal selectors of one node's claims are one object."""
+    a = resource_claim_from(claim("a", results=[result("gpu-0")], node="node-1")).allocation
+    b = resource_claim_from(claim("b", results=[result("gpu-1")], node="node-1")).allocation
+    assert a.node_selector is b.node_selector
+    assert a.node_selector.matches({}, "node-1")
+    assert not a.node_selector.matches({}, "node-2")
+    assert (
+        resource_claim_from(claim("c", results=[result("gpu-0")], node=None)).allocation.node_selector is None
+    )
+
+
+def test_device_classes_and_extended_resource_names_are_read():
+    index = DeviceIndex()
+    index.set_device_class({"metadata": {"name": "gpu"}, "spec": {"extendedResourceName": "example.com/gpu"}})
+    assert index.device_class("gpu").extended_resource_name == "example.com/gpu"
+    index.remove_device_class("gpu")
+    assert index.device_class("gpu") is None
+
+
+@pytest.mark.parametrize(
+    ("nano", "text"), [(40 * GI, "40Gi"), (10**10 * NANO, "10G"), (7 * NANO, "7"), (1_500_000_000, "1.5")]
+)
+def test_amounts_in_messages_read_like_quantities(nano, text):
+    assert format_nano(nano) == text
 
 
 # --- the index ---------------------------------------------------------------------------------------

@@ -114,14 +114,16 @@ class _Holdings:
 
 
 def judge_allocation(
-    claim: ResourceClaim | Mapping[str, Any],
+    claim: ResourceClaim | ClaimAllocation | Mapping[str, Any],
     index: DeviceIndex,
     *,
     in_flight: Iterable[ClaimAllocation] = (),
 ) -> list[DeviceFinding]:
-    """Findings against the claim's new ``status.allocation``; empty means allow (§5.9)."""
-    if not isinstance(claim, ResourceClaim):
-        claim = resource_claim_from(claim)
+    """Findings against the claim's new ``status.allocation``; empty means allow (§5.9).
+
+    An indexed ``ClaimAllocation`` can be judged too (an audit of what is already allocated):
+    without its spec, its results' own tolerations and recorded consumption stand."""
+    claim = _as_claim(claim)
     if claim.allocation is None:
         return []
     held = _Holdings(index, in_flight, claim.key)
@@ -135,12 +137,21 @@ def judge_allocation(
     ]
 
 
-def missing_pools(claim: ResourceClaim | Mapping[str, Any], index: DeviceIndex) -> list[PoolKey]:
+def missing_pools(
+    claim: ResourceClaim | ClaimAllocation | Mapping[str, Any], index: DeviceIndex
+) -> list[PoolKey]:
     """Pools the allocation names of which the index has no slice (open question 1)."""
-    if not isinstance(claim, ResourceClaim):
-        claim = resource_claim_from(claim)
+    claim = _as_claim(claim)
     results = claim.allocation.results if claim.allocation is not None else ()
     return list(dict.fromkeys(r.key[:2] for r in results if index.pool(*r.key[:2]) is None))
+
+
+def _as_claim(claim: ResourceClaim | ClaimAllocation | Mapping[str, Any]) -> ResourceClaim:
+    if isinstance(claim, ResourceClaim):
+        return claim
+    if isinstance(claim, ClaimAllocation):
+        return ResourceClaim(claim.claim, (), claim)
+    return resource_claim_from(claim)
 
 
 def _is_share(result: AllocatedDevice, device: Device | None) -> bool:

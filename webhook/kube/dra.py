@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 
 from .errors import MAPPING, FieldError, mapping_at
-from .quantity import CACHED_LENGTH, QuantityError, ceil_int, format_amount, parse_quantity
+from .quantity import CACHED_LENGTH, QuantityError, ceil_int, parse_quantity
 from .selectors import node_selector_terms_match
 from .tolerations import Taint
 
@@ -54,12 +54,19 @@ def amount_of(amounts: Amounts | None, name: str) -> int | None:
     return None
 
 
+_SUFFIXES = (
+    *((s, 1024**p) for s, p in (("Ei", 6), ("Pi", 5), ("Ti", 4), ("Gi", 3), ("Mi", 2), ("Ki", 1))),
+    *((s, 1000**p) for s, p in (("E", 6), ("P", 5), ("T", 4), ("G", 3), ("M", 2), ("k", 1))),
+)
+
+
 def format_nano(amount: int) -> str:
-    """A quantity for messages: ``40Gi``, ``7``, ``1.5``."""
-    if amount % NANO == 0:
-        return format_amount("memory", amount // NANO)
+    """A quantity for messages: ``40Gi``, ``10G``, ``7``, ``1.5``."""
     whole, fraction = divmod(amount, NANO)
-    return f"{whole}.{fraction:09d}".rstrip("0")
+    if fraction:
+        return f"{whole}.{fraction:09d}".rstrip("0")
+    found = [(whole // size, suffix) for suffix, size in _SUFFIXES if whole and whole % size == 0]
+    return "{}{}".format(*min(found)) if found else str(whole)
 
 
 # --- field readers: every malformed value is a FieldError naming the field ---------------------
@@ -121,9 +128,7 @@ def _boolean(obj: Mapping[str, Any], key: str, field: str) -> bool:
 
 def _mappings(obj: Mapping[str, Any], key: str, field: str) -> list[Mapping[str, Any]]:
     value = obj.get(key)
-    if not value and value is not None and not isinstance(value, list):
-        raise FieldError(field, "must be a list of objects")
-    if not value:
+    if value is None:
         return []
     if not isinstance(value, list) or not all(isinstance(item, MAPPING) for item in value):
         raise FieldError(field, "must be a list of objects")
