@@ -1,0 +1,391 @@
+"""Which DRA devices are in use, kept incrementally from watch events (DRA spec §5.1, §5.4, §8).
+
+The index mirrors the scheduler's ``allocateddevices.go`` (a claim holds its devices from the
+event that shows its allocation until the one that clears it or deletes the claim) and
+``pools_experimental.go: GatherPools`` (only a pool's highest generation counts). A claim event
+touches that claim's devices, a slice event that slice's pool: nothing rescans the cluster.
+
+Not thread-safe: writes and reads go under the caller's lock, as for ``ClusterState``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from ..kube.dra import (
+    Amounts,
+    ClaimAllocation,
+    CounterSet,
+    Device,
+    DeviceClass,
+    DeviceKey,
+    DeviceTaintRule,
+    PoolKey,
+    ResourceSlice,
+    claim_allocation_from,
+    device_class_from,
+    device_taint_rule_from,
+    resource_slice_from,
+)
+from ..kube.tolerations import Taint
+
+
+@dataclass(frozen=True, slots=True)
+class Share:
+    """One share of a device that allows multiple allocations (``SharedDeviceID``)."""
+
+    claim: str  # the holder's key
+    share_id: str
+    consumed_capacity: Amounts | None
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceUse:
+    """Who holds a device: claims holding it whole, and shares. More than one exclusive holder
+    means the device is already handed out twice."""
+
+    exclusive: tuple[str, ...] = ()
+    shares: tuple[Share, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.exclusive or self.shares)
+
+
+_NO_USE = DeviceUse()
+
+
+def holds(allocation: ClaimAllocation) -> Iterator[tuple[DeviceKey, str | Share]]:
+    """What each result of an allocated claim holds (``foreachAllocatedDevice``): admin access
+    holds nothing, a result with a shareID holds a share, any other result the whole device."""
+    key = allocation.key
+    for result in allocation.results:
+        if result.admin_access:
+            continue
+        if result.share_id is not None:
+            yield result.key, Share(key, result.share_id, result.consumed_capacity)
+        else:
+            yield result.key, key
+
+
+def add_use(use: DeviceUse, holding: str | Share) -> DeviceUse:
+    if isinstance(holding, Share):
+        return DeviceUse(use.exclusive, (*use.shares, holding))
+    return DeviceUse((*use.exclusive, holding), use.shares)
+
+
+def _without(items: tuple, item: object) -> tuple:
+    """``items`` less its last occurrence of ``item``: removal undoes the matching addition."""
+    for i in range(len(items) - 1, -1, -1):
+        if items[i] == item:
+            return items[:i] + items[i + 1 :]
+    return items
+
+
+@dataclass(frozen=True, slots=True)
+class CounterScope:
+    """Counter sets and the devices drawing on them: the whole pool, or (1.34 layout with a
+    set name repeated across slices, open question 4) one slice."""
+
+    counter_sets: Mapping[str, CounterSet]
+    devices: Mapping[str, Device]  # the devices of the scope that consume counters
+
+
+class Pool:
+    """A pool at its current (highest) generation: its devices and counter sets."""
+
+    __slots__ = (
+        "_counter_devices",
+        "_counter_sets",
+        "devices",
+        "driver",
+        "duplicate_counter_set",
+        "duplicate_device",
+        "generation",
+        "mixed_layout",
+        "name",
+        "resource_slice_count",
+        "slices",
+    )
+
+    def __init__(self, driver: str, name: str, generation: int) -> None:
+        self.driver = driver
+        self.name = name
+        self.generation = generation
+        self.resource_slice_count = 0
+        self.slices: tuple[str, ...] = ()  # current-generation slice names
+        self.devices: dict[str, Device] = {}
+        self._counter_devices: dict[str, Device] | None = None
+        self._counter_sets: dict[str, CounterSet] | None = None
+        self.duplicate_device = ""
+        self.duplicate_counter_set = ""
+        self.mixed_layout = False  # a slice carries devices and sharedCounters (1.34)
+
+    @property
+    def complete(self) -> bool:
+        """All slices of the generation are here (``GatherPools: isComplete``)."""
+        return len(self.slices) == self.resource_slice_count
+
+    @property
+    def counter_devices(self) -> Mapping[str, Device]:
+        return self._counter_devices or {}
+
+    @property
+    def counter_sets(self) -> Mapping[str, CounterSet]:
+        return self._counter_sets or {}
+
+    @property
+    def per_slice_counters(self) -> bool:
+        """1.34 layout with a counter-set name in two slices: each slice keeps its own counters,
+        as the 1.34 allocator did (``availableCounters`` keyed by slice name)."""
+        return self.mixed_layout and bool(self.duplicate_counter_set)
+
+    def add(self, piece: ResourceSlice) -> None:
+        self.slices = (*self.slices, piece.name)
+        self.resource_slice_count = max(self.resource_slice_count, piece.resource_slice_count)
+        for device in piece.devices:
+            if device.name in self.devices:
+                self.duplicate_device = self.duplicate_device or device.name
+                continue
+            self.devices[device.name] = device
+            if device.consumes_counters:
+                if self._counter_devices is None:
+                    self._counter_devices = {}
+                self._counter_devices[device.name] = device
+        for counter_set in piece.shared_counters:
+            if self._counter_sets is None:
+                self._counter_sets = {}
+            if counter_set.name in self._counter_sets:
+                self.duplicate_counter_set = self.duplicate_counter_set or counter_set.name
+            else:
+                self._counter_sets[counter_set.name] = counter_set
+        if piece.devices and piece.shared_counters:
+            self.mixed_layout = True
+
+
+class DeviceIndex:
+    """Devices in use, pools, device classes and taint rules; mutated only by the methods below."""
+
+    __slots__ = (
+        "_claims",
+        "_classes",
+        "_pool_slices",
+        "_pools",
+        "_slices",
+        "_taint_rules",
+        "_uses",
+        "revision",
+    )
+
+    def __init__(self) -> None:
+        self._claims: dict[str, ClaimAllocation] = {}  # allocated claims only
+        self._uses: dict[DeviceKey, DeviceUse] = {}
+        self._slices: dict[str, ResourceSlice] = {}
+        self._pool_slices: dict[PoolKey, set[str]] = {}  # every generation
+        self._pools: dict[PoolKey, Pool] = {}
+        self._classes: dict[str, DeviceClass] = {}
+        self._taint_rules: dict[str, DeviceTaintRule] = {}
+        self.revision = 0  # bumped by every change
+
+    # --- claims ----------------------------------------------------------------------------------
+
+    def set_claim(self, obj: Mapping[str, Any]) -> None:
+        """A ResourceClaim added or updated: it holds its devices iff it has an allocation."""
+        key, allocation = claim_allocation_from(obj)
+        if allocation is None:
+            self.remove_claim(key)
+        else:
+            self.set_allocation(allocation)
+
+    def set_allocation(self, allocation: ClaimAllocation) -> None:
+        key = allocation.key
+        old = self._claims.get(key)
+        if old == allocation:
+            return
+        self.revision += 1
+        self._claims[key] = allocation
+        if old is not None and old.results == allocation.results:
+            return  # reservedFor or nodeSelector only: the same devices
+        if old is not None:
+            self._release(old)
+        for device, holding in holds(allocation):
+            self._uses[device] = add_use(self._uses.get(device, _NO_USE), holding)
+
+    def remove_claim(self, key: str) -> None:
+        """The claim was deleted or deallocated: its devices are free at once."""
+        old = self._claims.pop(key, None)
+        if old is not None:
+            self.revision += 1
+            self._release(old)
+
+    def _release(self, allocation: ClaimAllocation) -> None:
+        for device, holding in holds(allocation):
+            use = self._uses.get(device, _NO_USE)
+            if isinstance(holding, Share):
+                use = DeviceUse(use.exclusive, _without(use.shares, holding))
+            else:
+                use = DeviceUse(_without(use.exclusive, holding), use.shares)
+            if use:
+                self._uses[device] = use
+            else:
+                self._uses.pop(device, None)
+
+    def claim(self, key: str) -> ClaimAllocation | None:
+        return self._claims.get(key)
+
+    def claims(self) -> Mapping[str, ClaimAllocation]:
+        """Allocated claims by key (read-only view)."""
+        return MappingProxyType(self._claims)
+
+    def use(self, key: DeviceKey) -> DeviceUse:
+        return self._uses.get(key, _NO_USE)
+
+    def uses(self) -> Mapping[DeviceKey, DeviceUse]:
+        """Every device some claim holds (read-only view)."""
+        return MappingProxyType(self._uses)
+
+    # --- slices and pools --------------------------------------------------------------------------
+
+    def set_slice(self, obj: Mapping[str, Any]) -> None:
+        """A ResourceSlice added or updated: only its pool changes."""
+        piece = resource_slice_from(obj)
+        old = self._slices.get(piece.name)
+        if old == piece:
+            return
+        self.revision += 1
+        self._slices[piece.name] = piece
+        if old is not None and old.pool_key != piece.pool_key:
+            self._drop_from_pool(old)
+            old = None
+        key = piece.pool_key
+        self._pool_slices.setdefault(key, set()).add(piece.name)
+        pool = self._pools.get(key)
+        if old is not None:
+            self._rebuild(key)  # a slice changed in place: recount its pool
+        elif pool is None or piece.generation > pool.generation:
+            pool = self._pools[key] = Pool(piece.driver, piece.pool, piece.generation)
+            pool.add(piece)  # a newer generation replaces every older slice's devices
+        elif piece.generation == pool.generation:
+            pool.add(piece)
+        # else: out-dated, ignored (``addSlice``), but remembered for when newer ones go
+
+    def remove_slice(self, name: str) -> None:
+        old = self._slices.pop(name, None)
+        if old is not None:
+            self.revision += 1
+            self._drop_from_pool(old)
+
+    def _drop_from_pool(self, piece: ResourceSlice) -> None:
+        key = piece.pool_key
+        names = self._pool_slices.get(key, set())
+        names.discard(piece.name)
+        if not names:
+            self._pool_slices.pop(key, None)
+            self._pools.pop(key, None)
+        elif piece.name in self._pools[key].slices:
+            self._rebuild(key)
+
+    def _rebuild(self, key: PoolKey) -> None:
+        """Recompute a pool from its slices: the highest generation that is left counts."""
+        pieces = sorted((self._slices[n] for n in self._pool_slices[key]), key=lambda s: s.name)
+        generation = max(s.generation for s in pieces)
+        pool = self._pools[key] = Pool(key[0], key[1], generation)
+        for piece in pieces:
+            if piece.generation == generation:
+                pool.add(piece)
+
+    def pool(self, driver: str, name: str) -> Pool | None:
+        return self._pools.get((driver, name))
+
+    def pools(self) -> Mapping[PoolKey, Pool]:
+        return MappingProxyType(self._pools)
+
+    def device(self, key: DeviceKey) -> Device | None:
+        """The device in its pool's current generation (§5.4: lookups use only that)."""
+        pool = self._pools.get(key[:2])
+        return None if pool is None else pool.devices.get(key[2])
+
+    def invalid_reason(self, pool: Pool) -> str:
+        """Why upstream would refuse to allocate from the pool (``buildPool``), or ``""``."""
+        if pool.duplicate_device:
+            return f"duplicate device name {pool.duplicate_device}"
+        if pool.duplicate_counter_set and not pool.per_slice_counters:
+            return f"duplicate counter set name {pool.duplicate_counter_set}"
+        for scope in self.counter_scopes(pool):
+            for device in scope.devices.values():
+                for consumption in device.consumes_counters:
+                    counter_set = scope.counter_sets.get(consumption.counter_set)
+                    if counter_set is None:
+                        return f"counter set {consumption.counter_set} not found"
+                    known = {name for name, _ in counter_set.counters}
+                    for name, _ in consumption.counters:
+                        if name not in known:
+                            return f"counter {name} not found in counter set {counter_set.name}"
+        return ""
+
+    def counter_scopes(self, pool: Pool) -> tuple[CounterScope, ...]:
+        """The pool's counter sets with the devices consuming from them (§5.5)."""
+        if not pool.counter_devices and not pool.counter_sets:
+            return ()
+        if not pool.per_slice_counters:
+            return (CounterScope(pool.counter_sets, pool.counter_devices),)
+        scopes = []
+        for name in pool.slices:
+            piece = self._slices[name]
+            devices = {d.name: d for d in piece.devices if d.consumes_counters}
+            if devices or piece.shared_counters:
+                scopes.append(CounterScope({s.name: s for s in piece.shared_counters}, devices))
+        return tuple(scopes)
+
+    # --- classes and taint rules -------------------------------------------------------------------
+
+    def set_device_class(self, obj: Mapping[str, Any]) -> None:
+        device_class = device_class_from(obj)
+        if self._classes.get(device_class.name) != device_class:
+            self.revision += 1
+            self._classes[device_class.name] = device_class
+
+    def remove_device_class(self, name: str) -> None:
+        if self._classes.pop(name, None) is not None:
+            self.revision += 1
+
+    def device_class(self, name: str) -> DeviceClass | None:
+        return self._classes.get(name)
+
+    def set_taint_rule(self, obj: Mapping[str, Any]) -> None:
+        rule = device_taint_rule_from(obj)
+        if self._taint_rules.get(rule.name) != rule:
+            self.revision += 1
+            self._taint_rules[rule.name] = rule
+
+    def remove_taint_rule(self, name: str) -> None:
+        if self._taint_rules.pop(name, None) is not None:
+            self.revision += 1
+
+    def taints(self, key: DeviceKey, device: Device | None = None) -> tuple[Taint, ...]:
+        """The device's own taints and those of every DeviceTaintRule selecting it
+        (``resourceslice/tracker``: the scheduler sees slices patched with the rules)."""
+        device = device or self.device(key)
+        own = device.taints if device is not None else ()
+        return own + tuple(r.taint for r in self._taint_rules.values() if r.applies_to(key))
+
+
+def index_of(
+    slices: Iterable[Mapping[str, Any]] = (),
+    claims: Iterable[Mapping[str, Any]] = (),
+    classes: Iterable[Mapping[str, Any]] = (),
+    taint_rules: Iterable[Mapping[str, Any]] = (),
+) -> DeviceIndex:
+    """An index built from object lists (snapshots, tests)."""
+    index = DeviceIndex()
+    for obj in slices:
+        index.set_slice(obj)
+    for obj in claims:
+        index.set_claim(obj)
+    for obj in classes:
+        index.set_device_class(obj)
+    for obj in taint_rules:
+        index.set_taint_rule(obj)
+    return index
