@@ -75,8 +75,8 @@ exec(NEW_POLICY, module.__dict__)
 sys.modules[module.__name__] = package.no_latest_tag = module
 path = Path(package.__file__).parent / "registry.py"
 source = path.read_text()
-edited = source.replace("storm_breaker\\n", "storm_breaker, no_latest_tag\\n", 1).replace(
-    "storm_breaker)", "storm_breaker, no_latest_tag)", 1)
+edited = source.replace("from . import Policy, ", "from . import Policy, no_latest_tag, ", 1).replace(
+    ",\\n)\\nNAMES", ",\\n    no_latest_tag,\\n)\\nNAMES", 1)
 assert edited.count("no_latest_tag") == 2, "the registry's entry was not found"
 registry = types.ModuleType("webhook.policies.registry")
 registry.__package__ = "webhook.policies"

@@ -246,7 +246,7 @@ def review(
     response = outcome.response
     if request.obj is None or request.operation not in ("CREATE", "UPDATE"):
         return outcome
-    if request.sub_resource:
+    if request.sub_resource and not is_claim_status(request):
         return outcome  # status, scale, ephemeral containers: not a new pod spec to judge
     try:
         decision = evaluate(
@@ -287,6 +287,11 @@ def review(
             "message": denial_message(decision),
         }
     return outcome
+
+
+def is_claim_status(request: AdmissionRequest) -> bool:
+    """A write of ``resourceclaims/status``: where a scheduler hands out DRA devices."""
+    return request.resource == "resourceclaims" and request.sub_resource == "status"
 
 
 def denial_message(decision: Decision) -> str:

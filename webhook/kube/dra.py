@@ -581,6 +581,11 @@ def claim_key(obj: Mapping[str, Any]) -> str:
     return _claim_ref(mapping_at(obj, "metadata", "metadata")).key
 
 
+def claim_ref(obj: Mapping[str, Any]) -> ClaimRef:
+    """A ResourceClaim object's namespace, name and uid."""
+    return _claim_ref(mapping_at(obj, "metadata", "metadata"))
+
+
 def claim_allocation_from(obj: Mapping[str, Any]) -> tuple[str, ClaimAllocation | None]:
     """A claim's key and allocation, its spec unread: what a watch event changes in the index."""
     ref = _claim_ref(mapping_at(obj, "metadata", "metadata"))

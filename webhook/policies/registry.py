@@ -6,7 +6,13 @@ after each fix, so ``deviceScheduler`` sees the template ``pinnedNodeName`` repa
 
 from __future__ import annotations
 
-from . import Policy, device_scheduler, node_admission, pinned_node_name, storm_breaker
+from . import Policy, device_allocation, device_scheduler, node_admission, pinned_node_name, storm_breaker
 
-POLICIES: tuple[Policy, ...] = (pinned_node_name, device_scheduler, node_admission, storm_breaker)
+POLICIES: tuple[Policy, ...] = (
+    pinned_node_name,
+    device_scheduler,
+    node_admission,
+    storm_breaker,
+    device_allocation,
+)
 NAMES = tuple(policy.NAME for policy in POLICIES)

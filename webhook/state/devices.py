@@ -26,6 +26,7 @@ from ..kube.dra import (
     PoolKey,
     ResourceSlice,
     claim_allocation_from,
+    claim_ref,
     device_class_from,
     device_taint_rule_from,
     resource_slice_from,
@@ -171,8 +172,10 @@ class DeviceIndex:
     __slots__ = (
         "_claims",
         "_classes",
+        "_named",
         "_pool_slices",
         "_pools",
+        "_reserved",
         "_slices",
         "_taint_rules",
         "_uses",
@@ -181,6 +184,11 @@ class DeviceIndex:
 
     def __init__(self) -> None:
         self._claims: dict[str, ClaimAllocation] = {}  # allocated claims only
+        # Every claim, allocated or not, by (namespace, name): a pod names its claims that way.
+        self._named: dict[tuple[str, str], str] = {}
+        # Allocated claims by the pods they are reserved for (``status.reservedFor``): a bind
+        # of such a pod must go where its devices are.
+        self._reserved: dict[str, tuple[str, ...]] = {}
         self._uses: dict[DeviceKey, DeviceUse] = {}
         self._slices: dict[str, ResourceSlice] = {}
         self._pool_slices: dict[PoolKey, set[str]] = {}  # every generation
@@ -193,11 +201,25 @@ class DeviceIndex:
 
     def set_claim(self, obj: Mapping[str, Any]) -> None:
         """A ResourceClaim added or updated: it holds its devices iff it has an allocation."""
+        ref = claim_ref(obj)
         key, allocation = claim_allocation_from(obj)
+        self._named[(ref.namespace, ref.name)] = key
         if allocation is None:
             self.remove_claim(key)
         else:
             self.set_allocation(allocation)
+
+    def delete_claim(self, obj: Mapping[str, Any]) -> None:
+        """A ResourceClaim deleted: its devices are free, and pods naming it find nothing."""
+        ref = claim_ref(obj)
+        self._named.pop((ref.namespace, ref.name), None)
+        self.remove_claim(ref.key)
+
+    def named(self, namespace: str, name: str) -> tuple[str, ClaimAllocation | None] | None:
+        """A claim by namespace and name: its key and allocation (None: not allocated), or None
+        when the index knows no such claim."""
+        key = self._named.get((namespace, name))
+        return None if key is None else (key, self._claims.get(key))
 
     def set_allocation(self, allocation: ClaimAllocation) -> None:
         key = allocation.key
@@ -206,6 +228,10 @@ class DeviceIndex:
             return
         self.revision += 1
         self._claims[key] = allocation
+        if old is None or old.reserved_for != allocation.reserved_for:
+            self._unreserve(key, old)
+            for consumer in allocation.reserved_for:
+                self._reserved[consumer.uid] = (*self._reserved.get(consumer.uid, ()), key)
         if old is not None and old.results == allocation.results:
             return  # reservedFor or nodeSelector only: the same devices
         if old is not None:
@@ -219,6 +245,19 @@ class DeviceIndex:
         if old is not None:
             self.revision += 1
             self._release(old)
+            self._unreserve(key, old)
+
+    def _unreserve(self, key: str, old: ClaimAllocation | None) -> None:
+        for consumer in old.reserved_for if old is not None else ():
+            left = tuple(k for k in self._reserved.get(consumer.uid, ()) if k != key)
+            if left:
+                self._reserved[consumer.uid] = left
+            else:
+                self._reserved.pop(consumer.uid, None)
+
+    def reserved_for(self, pod_uid: str) -> list[ClaimAllocation]:
+        """The allocated claims reserved for a pod (its ``status.reservedFor`` names the pod)."""
+        return [self._claims[key] for key in self._reserved.get(pod_uid, ())]
 
     def _release(self, allocation: ClaimAllocation) -> None:
         for device, holding in holds(allocation):

@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -28,6 +28,9 @@ from ..kube.resources import (
 )
 from ..kube.tolerations import Taint, taint_from
 from .storm import StormBreakers
+
+if TYPE_CHECKING:
+    from .devices import DeviceIndex
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 PRESSURE_CONDITIONS = ("MemoryPressure", "DiskPressure", "PIDPressure")
@@ -291,6 +294,7 @@ class ClusterState:
         "_device_schedulers",
         "_pending_names",
         "_usage",
+        "devices",
         "ended",
         "nodes",
         "pods",
@@ -300,6 +304,8 @@ class ClusterState:
 
     def __init__(self, storm: StormBreakers | None = None) -> None:
         self.storm = storm  # per-owner admission rejections, when a source records them
+        # DRA: devices in use, pools and classes; None where the cluster serves no resource.k8s.io/v1.
+        self.devices: DeviceIndex | None = None
         # Keys of pods seen to end (deleted or terminal), newest last, so a reservation can tell
         # an ended pod from one this state has not seen yet. Bounded: far more than a TTL's binds.
         self.ended: dict[str, None] = {}

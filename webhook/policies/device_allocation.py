@@ -1,0 +1,175 @@
+"""``deviceAllocation``: no DRA device handed out twice, and no DRA pod that no kubelet can start.
+
+Every scheduler (kube-scheduler, Volcano, KAI) allocates devices to ResourceClaims from its own
+view of which are in use, and the API server never compares one claim's devices with
+another's: the node's driver is the first to notice (``FailedPrepareDynamicResources``), or
+hands one GPU to two pods. The guard sees every ``resourceclaims/status`` write that sets an
+allocation and judges it against every other claim and the ResourceSlices
+(``checks.device_allocation``, after the upstream allocator; dra-allocation-spec §5).
+
+A pod created with ``spec.nodeName`` skips the scheduler, so nobody allocates its claims: the
+kubelet's DRA manager (``pkg/kubelet/cm/dra/manager.go: prepareResources``, Kubernetes v1.35)
+fails the prepare for a claim not generated yet (``resourceclaim.Name``), not reserved for the
+pod (``IsReservedForPod``) or not allocated, and retries forever with the event reason
+``FailedPrepareDynamicResources`` (``pkg/kubelet/events/event.go``). Such pods are denied with
+that reason; a claim allocated for other nodes (``allocation.nodeSelector``) the same.
+
+Allocations in flight (allowed, not yet in the watch) are the allocation guard's
+(``allocation.py``): the engine judges against the index alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..checks.device_allocation import REASONS as ALLOCATION_REASONS
+from ..checks.device_allocation import judge_allocation
+from ..kube.dra import allocation_written
+from ..kube.errors import FieldError
+from . import ANY_OBJECT, NO_FIX, Context, Finding, Review, read_mode
+
+if TYPE_CHECKING:
+    from ..reader import Reader
+    from ..state import ClusterState
+
+NAME = "deviceAllocation"
+FAILED_PREPARE = "FailedPrepareDynamicResources"  # the kubelet's own event reason
+NO_DEVICE_STATE = "NoDeviceState"
+REASONS = (*ALLOCATION_REASONS, FAILED_PREPARE, NO_DEVICE_STATE)
+MODES = NO_FIX
+READS = ANY_OBJECT
+STATIC = None  # other claims' allocations live in the guard's state
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceAllocationConfig:
+    mode: str = "enforce"
+
+
+Settings = DeviceAllocationConfig
+
+
+def read_settings(reader: Reader, data: Any, where: str) -> DeviceAllocationConfig:
+    data = reader.mapping(data, where, {"mode"})
+    mode = read_mode(reader, data, where, MODES)
+    if mode == "fix":
+        reader.fail(f"{where}.mode", "deviceAllocation cannot fix an allocation: enforce, warn, audit or off")
+    return DeviceAllocationConfig(mode)
+
+
+def check(review: Review, context: Context) -> list[Finding]:
+    if is_allocation_write(review.obj, review.old_obj, review.operation):
+        return _allocation(review, context.state)
+    if review.shape is not None and review.shape.kind == "Pod" and review.operation == "CREATE":
+        return _pinned_pod(review, context.state)
+    return []
+
+
+def is_allocation_write(obj: Mapping[str, Any], old_obj: Mapping[str, Any] | None, operation: str) -> bool:
+    """A ResourceClaim status UPDATE whose old allocation is absent and new one present: the
+    one transition judged (clearing, re-writing and reservedFor changes are not)."""
+    return (
+        operation == "UPDATE"
+        and obj.get("kind") == "ResourceClaim"
+        and old_obj is not None
+        and allocation_written(old_obj, obj)
+    )
+
+
+def allocation_findings(
+    obj: Mapping[str, Any], state: ClusterState, user: str, in_flight=()
+) -> list[Finding]:
+    """One finding per device (and reason) the new allocation may not have."""
+    writer = user or "an unknown writer"
+    return [
+        Finding(
+            f.reason,
+            f"{f.message}; the allocation was written by {writer}. Denied so the scheduler retries "
+            "this claim elsewhere.",
+        )
+        for f in judge_allocation(obj, state.devices, in_flight=in_flight)
+    ]
+
+
+def _allocation(review: Review, state: ClusterState | None) -> list[Finding]:
+    if state is None or state.devices is None:
+        why = "no cluster state" if state is None else "the cluster serves no resource.k8s.io/v1 devices"
+        return [
+            Finding(NO_DEVICE_STATE, f"allocation not checked against other claims: {why}", advisory=True)
+        ]
+    return allocation_findings(review.obj, state, review.user)
+
+
+def _pinned_pod(review: Review, state: ClusterState | None) -> list[Finding]:
+    spec = review.shape.spec
+    node = spec.get("nodeName")
+    claims = spec.get("resourceClaims")
+    if not node or not claims:
+        return []
+    if not isinstance(claims, list):
+        raise FieldError("spec.resourceClaims", "must be a list")
+    findings = []
+    for i, entry in enumerate(claims):
+        if not isinstance(entry, Mapping):
+            raise FieldError(f"spec.resourceClaims[{i}]", "must be a mapping")
+        finding = _pinned_claim(review, entry, node, state)
+        if finding is not None:
+            findings.append(finding)
+    return findings
+
+
+def _pinned_claim(review: Review, entry: Mapping[str, Any], node: str, state: ClusterState | None):
+    pod = f"pod {review.namespace}/{review.name}"
+    instead = (
+        "Drop spec.nodeName and select the node with required node affinity on "
+        f"metadata.name={node}, so the scheduler allocates the claim there."
+    )
+    if entry.get("resourceClaimTemplateName"):
+        return Finding(
+            FAILED_PREPARE,
+            f"{pod} is created with spec.nodeName {node} and its claim {entry.get('name')!r} comes from "
+            f"ResourceClaimTemplate {entry['resourceClaimTemplateName']}: no scheduler allocates a claim "
+            f"for a pod that skips the scheduler, so the kubelet would retry the prepare forever. {instead}",
+            node,
+        )
+    name = entry.get("resourceClaimName")
+    if not isinstance(name, str) or not name:
+        return None
+    if state is None or state.devices is None:
+        return None
+    known = state.devices.named(review.namespace, name)
+    if known is None:
+        return Finding(
+            FAILED_PREPARE,
+            f"{pod} names ResourceClaim {review.namespace}/{name}, which does not exist (yet): the kubelet "
+            "on its node cannot prepare it until it exists and is allocated.",
+            node,
+            advisory=True,
+        )
+    _, allocation = known
+    if allocation is None:
+        return Finding(
+            FAILED_PREPARE,
+            f"{pod} is created with spec.nodeName {node} and ResourceClaim {review.namespace}/{name} is not "
+            f"allocated: no scheduler allocates it for a pod that skips the scheduler, so the kubelet "
+            f"would retry the prepare forever. {instead}",
+            node,
+        )
+    return claim_elsewhere(pod, allocation, node, state, instead)
+
+
+def claim_elsewhere(pod: str, allocation, node: str, state: ClusterState, then: str) -> Finding | None:
+    """A claim allocated for nodes ``node`` is not among (``allocation.nodeSelector``)."""
+    target = state.nodes.get(node)
+    if allocation.node_selector is None or target is None:
+        return None
+    if allocation.node_selector.matches(target.labels, node):
+        return None
+    return Finding(
+        FAILED_PREPARE,
+        f"{pod} uses ResourceClaim {allocation.claim}, allocated for devices node {node} cannot use "
+        f"(its allocation.nodeSelector excludes {node}): the driver there cannot prepare them. {then}",
+        node,
+    )
