@@ -19,6 +19,7 @@ from werkzeug.exceptions import HTTPException
 
 from . import admission
 from .admission import MUTATE, VALIDATE, AdmissionRequest, Outcome, ReviewError
+from .allocation import AllocationGuard
 from .binding import BindGuard, binding_target, is_binding
 from .config import Config
 from .decision_log import flush_decision_lines, line_writer, log_lines_in_background
@@ -44,6 +45,7 @@ def create_app(
     audit_interval: float | None = None,
     bind_guard: BindGuard | None = None,
     storm_probes: SharedProbes | None = None,
+    allocation_guard: AllocationGuard | None = None,
 ) -> Flask:
     """Build the webhook app. ``source`` supplies the cluster state and its readiness.
 
@@ -98,6 +100,8 @@ def create_app(
                         outcome = admission.review(req, endpoint, view.state, config, view.unavailable, now)
                 if endpoint == VALIDATE and bind_guard is not None:  # round trips: no lock held
                     outcome = bind_guard.review_created(req, source, outcome, judged)
+                if endpoint == VALIDATE and allocation_guard is not None:
+                    outcome = allocation_guard.review(req, source, outcome)
         except Exception as err:  # a bug must not become a 500 on the path of every pod
             logging.getLogger(__name__).exception("review %s failed", req.uid)
             outcome = admission.unchecked(req, endpoint, f"internal error ({type(err).__name__})", config)

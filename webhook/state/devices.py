@@ -179,6 +179,7 @@ class DeviceIndex:
         "_slices",
         "_taint_rules",
         "_uses",
+        "_versions",
         "revision",
     )
 
@@ -186,6 +187,8 @@ class DeviceIndex:
         self._claims: dict[str, ClaimAllocation] = {}  # allocated claims only
         # Every claim, allocated or not, by (namespace, name): a pod names its claims that way.
         self._named: dict[tuple[str, str], str] = {}
+        # Every claim's resourceVersion: an in-flight allocation counts until its claim changes.
+        self._versions: dict[str, str] = {}
         # Allocated claims by the pods they are reserved for (``status.reservedFor``): a bind
         # of such a pod must go where its devices are.
         self._reserved: dict[str, tuple[str, ...]] = {}
@@ -204,6 +207,9 @@ class DeviceIndex:
         ref = claim_ref(obj)
         key, allocation = claim_allocation_from(obj)
         self._named[(ref.namespace, ref.name)] = key
+        version = (obj.get("metadata") or {}).get("resourceVersion")
+        if isinstance(version, str) and version:
+            self._versions[key] = version
         if allocation is None:
             self.remove_claim(key)
         else:
@@ -213,7 +219,12 @@ class DeviceIndex:
         """A ResourceClaim deleted: its devices are free, and pods naming it find nothing."""
         ref = claim_ref(obj)
         self._named.pop((ref.namespace, ref.name), None)
+        self._versions.pop(ref.key, None)
         self.remove_claim(ref.key)
+
+    def version(self, key: str) -> str | None:
+        """The resourceVersion of the claim as last seen, or None."""
+        return self._versions.get(key)
 
     def named(self, namespace: str, name: str) -> tuple[str, ClaimAllocation | None] | None:
         """A claim by namespace and name: its key and allocation (None: not allocated), or None

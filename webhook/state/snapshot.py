@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING, TypeVar
 
 from ..json_items import NotStreamable, list_items
 from ..kube.errors import FieldError
+from ..kube.workloads import api_group
 from ..manifests import Document, Location, ManifestError, list_item, manifest_files, read_documents
+from .devices import DeviceIndex
 from .model import ClusterState, node_from, object_key, pod_record
 from .storm import StormBreakers
 
@@ -69,6 +71,16 @@ def collector_paused() -> Iterator[None]:
             gc.enable()
 
 
+# The DRA objects a snapshot may carry (``kubectl get ...,resourceslices,resourceclaims,
+# deviceclasses -A -o yaml``): any of them makes the state's device index.
+DRA_KINDS = {
+    "ResourceSlice": DeviceIndex.set_slice,
+    "ResourceClaim": DeviceIndex.set_claim,
+    "DeviceClass": DeviceIndex.set_device_class,
+    "DeviceTaintRule": DeviceIndex.set_taint_rule,
+}
+
+
 def _build(documents: Iterable[Document | ManifestError], storm: StormBreakerConfig | None) -> ClusterState:
     state = ClusterState(StormBreakers.from_config(storm) if storm is not None else None)
     problems: list[str] = []
@@ -84,6 +96,10 @@ def _build(documents: Iterable[Document | ManifestError], storm: StormBreakerCon
                 if state.storm is not None:
                     state.storm.observe(doc.obj, None)
                 state.set_pod(object_key(doc.obj), pod_record(doc.obj))
+            elif kind in DRA_KINDS and api_group(doc.obj) == "resource.k8s.io":
+                if state.devices is None:
+                    state.devices = DeviceIndex()
+                DRA_KINDS[kind](state.devices, doc.obj)
         except FieldError as err:
             problems.append(f"{doc.location}: {kind}: field {err}")
     if problems:

@@ -1,0 +1,218 @@
+"""DRA at admission: ``resourceclaims/status`` writes judged against every other claim and the
+allocations still in flight, and pods pinned with nodeName whose claims no kubelet can prepare."""
+
+from __future__ import annotations
+
+import copy
+
+from tests.builders import node, pod
+from tests.dra_builders import claim, gpus, resource_slice, result
+from webhook.allocation import IN_FLIGHT, AllocationGuard
+from webhook.config import config_from_dict
+from webhook.server import create_app
+from webhook.state import ClusterState, node_from
+from webhook.state.devices import index_of
+from webhook.state.reservations import LocalTable
+from webhook.state.source import FixedState
+
+SCHEDULER = "system:serviceaccount:kube-system:kube-scheduler"
+
+
+def state_with(*, slices=(), claims=(), nodes=("node-1",)) -> ClusterState:
+    state = ClusterState()
+    for name in nodes:
+        state.set_node(node_from(node(name)))
+    state.devices = index_of(slices=slices, claims=claims)
+    return state
+
+
+def one_gpu_left() -> ClusterState:
+    """node-1's pool has two GPUs; gpu-0 is held by ml/holder."""
+    holder = claim("holder", namespace="ml", results=[result("gpu-0")])
+    return state_with(slices=[resource_slice(devices=gpus("gpu-0", "gpu-1"))], claims=[holder])
+
+
+def status_update(new: dict, *, user: str = SCHEDULER, dry_run: bool = False) -> dict:
+    old = copy.deepcopy(new)
+    old["status"] = {}
+    old["metadata"]["resourceVersion"] = "41"
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": f"u-{new['metadata']['name']}",
+            "kind": {"group": "resource.k8s.io", "version": "v1", "kind": "ResourceClaim"},
+            "resource": {"group": "resource.k8s.io", "version": "v1", "resource": "resourceclaims"},
+            "subResource": "status",
+            "namespace": new["metadata"]["namespace"],
+            "name": new["metadata"]["name"],
+            "operation": "UPDATE",
+            "userInfo": {"username": user},
+            "dryRun": dry_run,
+            "object": new,
+            "oldObject": old,
+        },
+    }
+
+
+def client_for(state: ClusterState, tmp_path, config: dict | None = None, **kwargs):
+    conf = config_from_dict(config or {})
+    guard = AllocationGuard(conf, LocalTable(tmp_path / "allocations", IN_FLIGHT), **kwargs)
+    return create_app(conf, FixedState(state), allocation_guard=guard).test_client()
+
+
+def answer(client, review: dict) -> dict:
+    reply = client.post("/validate", json=review)
+    assert reply.status_code == 200, reply.get_data(as_text=True)
+    return reply.get_json()["response"]
+
+
+def test_an_allocation_of_a_device_another_claim_holds_is_denied_naming_device_holder_and_writer(tmp_path):
+    late = claim("late", namespace="ml", results=[result("gpu-0")])
+    response = answer(client_for(one_gpu_left(), tmp_path), status_update(late))
+    assert response["allowed"] is False
+    assert response["status"]["reason"] == "DeviceAlreadyAllocated"
+    message = response["status"]["message"]
+    assert "gpu.example.com/node-1/gpu-0" in message and "ml/holder" in message and SCHEDULER in message
+    assert "retries" in message
+
+
+def test_a_free_device_is_allowed_and_the_next_write_for_it_is_denied_by_the_allocation_in_flight(tmp_path):
+    client = client_for(one_gpu_left(), tmp_path)
+    first = answer(client, status_update(claim("a", namespace="ml", results=[result("gpu-1")])))
+    assert first["allowed"] is True
+    second = answer(client, status_update(claim("b", namespace="ml", results=[result("gpu-1")])))
+    assert second["allowed"] is False and second["status"]["reason"] == "DeviceAlreadyAllocated"
+    assert "ml/a" in second["status"]["message"]
+
+
+def test_once_the_winners_allocation_is_observed_later_writes_are_denied_by_the_index(tmp_path):
+    state = one_gpu_left()
+    client = client_for(state, tmp_path)
+    winner = claim("a", namespace="ml", results=[result("gpu-1")])
+    assert answer(client, status_update(winner))["allowed"]
+    landed = copy.deepcopy(winner)
+    landed["metadata"]["resourceVersion"] = "42"
+    state.devices.set_claim(landed)  # the watch shows the write: the record stops counting
+    denied = answer(client, status_update(claim("b", namespace="ml", results=[result("gpu-1")])))
+    assert denied["allowed"] is False and "ml/a" in denied["status"]["message"]
+
+
+def test_a_deallocation_frees_the_device_at_once(tmp_path):
+    state = one_gpu_left()
+    client = client_for(state, tmp_path)
+    winner = claim("a", namespace="ml", results=[result("gpu-1")])
+    assert answer(client, status_update(winner))["allowed"]
+    landed = copy.deepcopy(winner)
+    landed["metadata"]["resourceVersion"] = "42"
+    state.devices.set_claim(landed)
+    freed = claim("a", namespace="ml")
+    freed["metadata"]["resourceVersion"] = "43"
+    state.devices.set_claim(freed)  # deallocated, well within the TTL
+    assert answer(client, status_update(claim("b", namespace="ml", results=[result("gpu-1")])))["allowed"]
+
+
+def test_a_dry_run_allocation_reserves_nothing(tmp_path):
+    client = client_for(one_gpu_left(), tmp_path)
+    assert answer(client, status_update(claim("a", namespace="ml", results=[result("gpu-1")]), dry_run=True))[
+        "allowed"
+    ]
+    assert answer(client, status_update(claim("b", namespace="ml", results=[result("gpu-1")])))["allowed"]
+
+
+def test_an_allocation_in_flight_ends_with_its_ttl(tmp_path):
+    now = [1000.0]
+    config = {"policies": {"nodeAdmission": {"reservations": {"ttlSeconds": 30}}}}
+    client = client_for(one_gpu_left(), tmp_path, config, clock=lambda: now[0])
+    assert answer(
+        client, status_update(claim("a", namespace="ml", results=[result("gpu-1")]), user=SCHEDULER)
+    )
+    now[0] += 31
+    second = answer(client, status_update(claim("b", namespace="ml", results=[result("gpu-1")])))
+    assert second["allowed"] is True
+
+
+def test_other_transitions_are_allowed_untouched(tmp_path):
+    client = client_for(one_gpu_left(), tmp_path)
+    held = claim("holder", namespace="ml", results=[result("gpu-0")])
+    rewrite = status_update(held)
+    rewrite["request"]["oldObject"] = copy.deepcopy(held)  # set → set: a reservedFor change
+    assert answer(client, rewrite)["allowed"] is True
+    cleared = status_update(claim("holder", namespace="ml"))
+    cleared["request"]["oldObject"] = held  # set → nil: a deallocation
+    assert answer(client, cleared)["allowed"] is True
+
+
+def test_without_device_state_an_allocation_is_allowed_with_a_warning(tmp_path):
+    client = client_for(ClusterState(), tmp_path)
+    response = answer(client, status_update(claim("a", namespace="ml", results=[result("gpu-1")])))
+    assert response["allowed"] is True and "NoDeviceState" in response["warnings"][0]
+
+
+def test_warn_mode_allows_a_conflicting_allocation_with_a_warning(tmp_path):
+    client = client_for(one_gpu_left(), tmp_path, {"policies": {"deviceAllocation": {"mode": "warn"}}})
+    response = answer(client, status_update(claim("late", namespace="ml", results=[result("gpu-0")])))
+    assert response["allowed"] is True and "DeviceAlreadyAllocated" in response["warnings"][0]
+
+
+# -- pods pinned with nodeName ------------------------------------------------------------------
+
+
+def pinned(claims: list[dict]) -> dict:
+    obj = pod("trainer", namespace="ml", node_name="node-1", resourceClaims=claims)
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {"uid": "p", "kind": {"group": "", "version": "v1", "kind": "Pod"}, "namespace": "ml",
+                    "operation": "CREATE", "object": obj},
+    }  # fmt: skip
+
+
+def test_a_pinned_pod_with_a_claim_from_a_template_is_failed_prepare_dynamic_resources(tmp_path):
+    response = answer(
+        client_for(one_gpu_left(), tmp_path), pinned([{"name": "gpu", "resourceClaimTemplateName": "t"}])
+    )
+    assert response["allowed"] is False
+    assert response["status"]["reason"] == "FailedPrepareDynamicResources"
+    assert "node affinity" in response["status"]["message"]
+
+
+def test_a_pinned_pod_naming_an_unallocated_claim_is_denied(tmp_path):
+    state = one_gpu_left()
+    state.devices.set_claim(claim("waiting", namespace="ml"))
+    response = answer(client_for(state, tmp_path), pinned([{"name": "gpu", "resourceClaimName": "waiting"}]))
+    assert response["allowed"] is False and response["status"]["reason"] == "FailedPrepareDynamicResources"
+
+
+def test_a_pinned_pod_naming_a_claim_that_does_not_exist_yet_is_allowed_with_a_warning(tmp_path):
+    response = answer(
+        client_for(one_gpu_left(), tmp_path), pinned([{"name": "gpu", "resourceClaimName": "later"}])
+    )
+    assert response["allowed"] is True and "does not exist" in response["warnings"][0]
+
+
+def test_a_pinned_pod_naming_a_claim_allocated_for_another_node_is_denied(tmp_path):
+    state = one_gpu_left()
+    state.set_node(node_from(node("node-2")))
+    response = answer(client_for(state, tmp_path), pinned([{"name": "gpu", "resourceClaimName": "holder"}]))
+    assert response["allowed"] is True  # allocated for node-1, where it is pinned
+    moved = pinned([{"name": "gpu", "resourceClaimName": "holder"}])
+    moved["request"]["object"]["spec"]["nodeName"] = "node-2"
+    denied = answer(client_for(state, tmp_path), moved)
+    assert denied["allowed"] is False and "excludes node-2" in denied["status"]["message"]
+
+
+# -- snapshots ----------------------------------------------------------------------------------
+
+
+def test_a_snapshot_with_dra_objects_carries_the_device_index(tmp_path):
+    import yaml
+
+    from webhook.state.snapshot import load_snapshot
+
+    holder = claim("holder", namespace="ml", results=[result("gpu-0")])
+    docs = [node("node-1"), resource_slice(devices=gpus("gpu-0", "gpu-1")), holder]
+    (tmp_path / "cluster.yaml").write_text(yaml.safe_dump_all(docs))
+    state = load_snapshot([str(tmp_path / "cluster.yaml")])
+    assert state.devices is not None and state.devices.use(("gpu.example.com", "node-1", "gpu-0"))
+    assert load_snapshot([str(tmp_path / "cluster.yaml")]).devices.named("ml", "holder") is not None
