@@ -216,3 +216,24 @@ def test_a_snapshot_with_dra_objects_carries_the_device_index(tmp_path):
     state = load_snapshot([str(tmp_path / "cluster.yaml")])
     assert state.devices is not None and state.devices.use(("gpu.example.com", "node-1", "gpu-0"))
     assert load_snapshot([str(tmp_path / "cluster.yaml")]).devices.named("ml", "holder") is not None
+
+
+def test_a_bind_of_a_pod_whose_claim_is_allocated_for_another_node_is_denied(tmp_path):
+    from tests.test_binding import binding, review_of
+    from webhook.binding import BindGuard
+    from webhook.state import pod_record
+
+    state = one_gpu_left()
+    state.set_node(node_from(node("node-2")))
+    trainer = pod(
+        "trainer",
+        namespace="ml",
+        uid="uid-trainer",
+        resourceClaims=[{"name": "gpu", "resourceClaimName": "mine"}],
+    )
+    state.set_pod("uid-trainer", pod_record(trainer))
+    state.devices.set_claim(claim("mine", namespace="ml", results=[result("gpu-1")], node="node-1"))
+    guard = BindGuard(config_from_dict({}), LocalTable(tmp_path / "t"))
+    denied = guard.review(review_of(binding("trainer", "node-2", uid="uid-trainer")), FixedState(state))
+    assert not denied.allowed and denied.reasons == ["FailedPrepareDynamicResources"]
+    assert guard.review(review_of(binding("trainer", "node-1", uid="uid-trainer")), FixedState(state)).allowed

@@ -23,6 +23,7 @@ from .admission import AdmissionRequest, Outcome, ReviewError
 from .checks import Failure, PodUnderReview, kubelet_admission
 from .config import Config
 from .engine import Decision, Violation
+from .policies import device_allocation
 from .state.apiserver import ApiError
 from .state.model import ClusterState, Node, PodRecord, is_mirror
 from .state.reservations import (
@@ -127,8 +128,11 @@ class BindGuard:
                 return _unchecked(outcome, STATE_UNAVAILABLE, f"{pod_name} to {target.node}: {why}")
             record = state.find_pod(target.uid, target.namespace, target.name)
             node = state.nodes.get(target.node)
+            elsewhere = _claims_elsewhere(state, record, pod_name, target.node)
         if record is None or record.pending is None:
             return _unchecked(outcome, POD_UNKNOWN, f"{pod_name} is not a pending pod in the guard's state")
+        if elsewhere is not None and self._enforces(device_allocation.NAME, target.namespace, req):
+            return _deny(outcome, elsewhere.reason, elsewhere.message, node=target.node)
         if node is None:
             if self.config.node_admission.unknown_node == "deny":
                 return _deny(
@@ -279,6 +283,12 @@ class BindGuard:
             return _unchecked(outcome, WAITED, message)
         return _deny(outcome, BUSY, message, node=node, code=429)
 
+    def _enforces(self, policy: str, namespace: str, req: AdmissionRequest) -> bool:
+        return self.config.policy(policy).mode == "enforce" and not (
+            namespace in self.config.excluded_namespaces
+            or self.config.exempts(policy, namespace, req.user, req.groups)
+        )
+
     def _exempt(self, namespace: str, req: AdmissionRequest) -> bool:
         """Excluded namespaces and the ``nodeAdmission`` exemptions, as the engine applies them."""
         return namespace in self.config.excluded_namespaces or self.config.exempts(
@@ -304,6 +314,26 @@ class BindGuard:
                     f"[deviceScheduler] MixedDeviceScheduler: {pod_name} requests {resource} and was bound "
                     f"by {user or 'an unknown binder'}; only {', '.join(allowed)} should bind it."
                 )
+
+
+def _claims_elsewhere(state: ClusterState, record: PodRecord | None, pod_name: str, node: str):
+    """A pending pod's DRA claim allocated for devices ``node`` cannot use: the claims reserved
+    for it, and those its spec names (``FailedPrepareDynamicResources`` on that node)."""
+    if state.devices is None or record is None or record.pending is None:
+        return None
+    allocations = {a.key: a for a in state.devices.reserved_for(record.key)}
+    entries = record.pending.spec.get("resourceClaims")
+    for entry in entries if isinstance(entries, list) else ():
+        name = entry.get("resourceClaimName") if isinstance(entry, Mapping) else None
+        known = state.devices.named(record.pending.namespace, name) if isinstance(name, str) else None
+        if known is not None and known[1] is not None:
+            allocations[known[0]] = known[1]
+    then = "The scheduler will retry it elsewhere."
+    for allocation in allocations.values():
+        finding = device_allocation.claim_elsewhere(pod_name, allocation, node, state, then)
+        if finding is not None:
+            return finding
+    return None
 
 
 class _StateGone(Exception):

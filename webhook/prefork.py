@@ -64,6 +64,7 @@ def worker_app(
 ) -> Callable[[], Any]:
     """The factory each worker calls after the fork. A live ``origin`` gives every worker its
     own informer and Leases; else ``state``, the snapshot loaded before the fork, is shared."""
+    from .allocation import AllocationGuard, allocation_stores
     from .binding import BindGuard
     from .server import create_app
     from .state.informer import Informer, Timing
@@ -81,6 +82,8 @@ def worker_app(
         probes = shared_probes(
             reservations / "storm", api, namespace, waits.wait_seconds, waits.deadline_seconds
         )
+        table, pool_leases = allocation_stores(reservations / "allocations", api, namespace)
+        allocations = AllocationGuard(config, table, pool_leases)
         if origin.live:
             storm = StormBreakers.from_config(config.storm_breaker)
             source = Informer(origin.connect(), Timing(max_age=max_state_age), storm).start()
@@ -92,6 +95,7 @@ def worker_app(
                 audit_interval=audit_interval,
                 bind_guard=BindGuard(config, local, LeaseStore(api, namespace)),
                 storm_probes=probes,
+                allocation_guard=allocations,
             )
         return create_app(
             config,
@@ -100,6 +104,7 @@ def worker_app(
             audit_interval=audit_interval,
             bind_guard=BindGuard(config, local),
             storm_probes=probes,
+            allocation_guard=allocations,
         )
 
     return app
