@@ -237,3 +237,45 @@ def test_a_bind_of_a_pod_whose_claim_is_allocated_for_another_node_is_denied(tmp
     denied = guard.review(review_of(binding("trainer", "node-2", uid="uid-trainer")), FixedState(state))
     assert not denied.allowed and denied.reasons == ["FailedPrepareDynamicResources"]
     assert guard.review(review_of(binding("trainer", "node-1", uid="uid-trainer")), FixedState(state)).allowed
+
+
+# -- the audit ------------------------------------------------------------------------------------
+
+
+def test_the_audit_reports_a_device_handed_out_twice_with_both_claims_and_their_pods():
+    from webhook.audit import Report, device_findings, policy_reports
+
+    first = claim("a", namespace="ml", results=[result("gpu-0")], reserved_for=["trainer-a"])
+    second = claim("b", namespace="ml", results=[result("gpu-0")], reserved_for=["trainer-b"])
+    state = state_with(slices=[resource_slice(devices=gpus("gpu-0", "gpu-1"))], claims=[first, second])
+    [found] = device_findings(state, config_from_dict({}))
+    assert found.type == "DeviceAlreadyAllocated" and found.count == 2 and found.severity == "high"
+    assert found.resource == "gpu.example.com/node-1/gpu-0"
+    assert "ml/a (pods trainer-a)" in found.message and "ml/b (pods trainer-b)" in found.message
+    reports = policy_reports(Report([found], {}, 20), 1000.0)
+    assert any(r["policy"] == "deviceAllocation" for report in reports for r in report.get("results", []))
+
+
+def test_the_audit_of_devices_follows_the_policy_mode():
+    from webhook.audit import device_findings
+
+    first = claim("a", namespace="ml", results=[result("gpu-0")])
+    second = claim("b", namespace="ml", results=[result("gpu-0")])
+    state = state_with(slices=[resource_slice(devices=gpus("gpu-0"))], claims=[first, second])
+    assert device_findings(state, config_from_dict({"policies": {"deviceAllocation": {"mode": "off"}}})) == []
+
+
+def test_the_periodic_audit_counts_devices_handed_out_twice():
+    from webhook.metrics import Metrics
+    from webhook.periodic_audit import PeriodicAudit
+
+    first = claim("a", namespace="ml", results=[result("gpu-0")])
+    second = claim("b", namespace="ml", results=[result("gpu-0")])
+    state = state_with(slices=[resource_slice(devices=gpus("gpu-0"))], claims=[first, second])
+    metrics = Metrics()
+    found = PeriodicAudit(FixedState(state), config_from_dict({}), metrics.audit, 60).run_once()
+    assert [f.type for f in found] == ["DeviceAlreadyAllocated"]
+    assert (
+        'admit_guard_audit_findings{namespace="ml",type="DeviceAlreadyAllocated"} 1.0'
+        in metrics.scrape().decode()
+    )

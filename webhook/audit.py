@@ -13,7 +13,10 @@ Four finding types, each one small function:
   groups below the storm breaker's threshold are not storms;
 - ``MixedDeviceScheduler``: nodes where one device resource is held by pods of more than one
   scheduler, or by scheduled pods and pods whose controller set nodeName itself;
-- ``Overcommitted``: nodes whose active pods request more of a resource than is allocatable.
+- ``Overcommitted``: nodes whose active pods request more of a resource than is allocatable;
+- ``DeviceAlreadyAllocated``, ``DeviceCapacityExceeded``, ``DeviceCountersExceeded``: DRA devices
+  already handed out twice, or their capacity or a counter set over its limit, judged by the
+  same rules as an allocation write (each allocated claim against all the others).
 """
 
 from __future__ import annotations
@@ -26,6 +29,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .checks import kubelet_admission
+from .checks.device_allocation import (
+    ALREADY_ALLOCATED,
+    CAPACITY_EXCEEDED,
+    COUNTERS_EXCEEDED,
+    judge_allocation,
+)
 from .config import Config, StormBreakerConfig
 from .kube.quantity import format_amount
 from .kube.rejection import Owner
@@ -38,13 +47,15 @@ PINNED = "PinnedNodeName"
 STORM = "AdmissionStorm"
 MIXED = "MixedDeviceScheduler"
 OVERCOMMITTED = "Overcommitted"
-TYPES = (STORM, PINNED, MIXED, OVERCOMMITTED)
+DEVICE_TYPES = (ALREADY_ALLOCATED, CAPACITY_EXCEEDED, COUNTERS_EXCEEDED)
+TYPES = (STORM, PINNED, MIXED, OVERCOMMITTED, *DEVICE_TYPES)
 # The policy each type belongs to: a policy in mode ``off`` is not audited either.
 POLICY_OF = {
     PINNED: "pinnedNodeName",
     STORM: "stormBreaker",
     MIXED: "deviceScheduler",
     OVERCOMMITTED: "nodeAdmission",
+    **dict.fromkeys(DEVICE_TYPES, "deviceAllocation"),
 }
 # The PolicyReport CRD's severities (wgpolicyk8s.io/v1alpha2 knows only these three).
 SEVERITIES = ("high", "medium", "low")
@@ -122,6 +133,7 @@ def run_audit(inventory: Inventory, config: Config, now: float) -> Report:
     if audited(config, STORM):
         findings += storm_findings(storm_groups(inventory), settings, now, config)
     findings += node_findings(state, config, state.nodes, pinned_pods(inventory))
+    findings += device_findings(state, config)
     scanned = {
         "nodes": len(state.nodes),
         "pods": inventory.pods_read,
@@ -416,6 +428,71 @@ def _mixed(node, usage, config: Config, bypass: frozenset[str]) -> list[Finding]
             )
         )
     return findings
+
+
+# -- DRA devices handed out twice ------------------------------------------------------------
+
+
+def device_findings(state: ClusterState, config: Config) -> list[Finding]:
+    """Devices (and their capacity and counters) more claims hold than they may, one finding
+    per device and reason, naming every claim involved and the pods they are reserved for."""
+    if state.devices is None or not audited(config, ALREADY_ALLOCATED):
+        return []
+    groups = device_groups(state, state.devices.claims())
+    return device_report(groups, state)
+
+
+DeviceGroups = dict[tuple[str, str], dict[str, Any]]
+
+
+def device_groups(state: ClusterState, keys: Iterable[str], into: DeviceGroups | None = None) -> DeviceGroups:
+    """The claims over a limit, by (reason, device), for the allocated claims named by ``keys``
+    (a chunk, or all of them)."""
+    groups = into if into is not None else {}
+    for key in keys:
+        allocation = state.devices.claim(key)
+        for found in judge_allocation(allocation, state.devices) if allocation is not None else ():
+            if found.reason in DEVICE_TYPES:
+                claims = groups.setdefault((found.reason, found.device), {})
+                for ref in (allocation.claim, *found.holders):
+                    claims[str(ref)] = ref
+    return groups
+
+
+def device_report(groups: DeviceGroups, state: ClusterState) -> list[Finding]:
+    return [
+        _device(reason, device, list(claims.values()), state) for (reason, device), claims in groups.items()
+    ]
+
+
+def _device(reason: str, device: str, claims: list, state: ClusterState) -> Finding:
+    def users(ref) -> str:
+        held = state.devices.claim(ref.key)
+        pods = [r.name for r in held.reserved_for] if held is not None else []
+        return f"{ref} (pods {', '.join(pods)})" if pods else f"{ref} (no pod yet)"
+
+    what = {
+        ALREADY_ALLOCATED: "is allocated to more claims than it allows",
+        CAPACITY_EXCEEDED: "has more of its capacity allocated than it has",
+        COUNTERS_EXCEEDED: "consumes more of its pool's shared counters than there are",
+    }[reason]
+    first = min(claims, key=str)
+    return Finding(
+        type=reason,
+        severity="high",
+        namespace=first.namespace,
+        kind="ResourceClaim",
+        name=first.name,
+        message=(
+            f"{device} {what}: {'; '.join(users(c) for c in sorted(claims, key=str))}. The DRA driver "
+            "fails the later pods' prepare (FailedPrepareDynamicResources) or hands one device to two "
+            "pods; delete the pods of all but one claim so the scheduler allocates them again."
+        ),
+        resource=device,
+        count=len(claims),
+        api_version="resource.k8s.io/v1",
+        uid=first.uid,
+    )
 
 
 def _pods(n: int) -> str:

@@ -31,7 +31,7 @@ _LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 
 # client grow every worker's memory and the metrics files without bound.
 KINDS = frozenset(
     {"Pod", "Deployment", "ReplicaSet", "StatefulSet", "DaemonSet", "Job", "CronJob",
-     "ReplicationController", "PodTemplate", "Binding"}
+     "ReplicationController", "PodTemplate", "Binding", "ResourceClaim"}
 )  # fmt: skip
 OPERATIONS = frozenset({"CREATE", "UPDATE", "DELETE", "CONNECT"})
 ENDPOINTS = frozenset({"validate", "mutate"})

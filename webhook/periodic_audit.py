@@ -1,14 +1,16 @@
 """The audit inside the server (``serve --audit-interval``): from the live state, no extra reads.
 
-The server's state holds nodes, active pods and the storm breakers' per-owner rejection
-records, nothing more: no workloads, no Failed pods. So the periodic audit computes the node
-findings, ``MixedDeviceScheduler`` (pods of more than one scheduler holding a device; pods whose
-controller pinned nodeName cannot be told apart without the workloads) and ``Overcommitted``,
-and counts storms in progress (``AdmissionStorm``: owners whose breaker is open, by namespace).
-``admit-guard audit`` reports all four types, old storms and pinned workloads included.
+The server's state holds nodes, active pods, the storm breakers' per-owner rejection records
+and the DRA device index, nothing more: no workloads, no Failed pods. So the periodic audit
+computes the node findings, ``MixedDeviceScheduler`` (pods of more than one scheduler holding a
+device; pods whose controller pinned nodeName cannot be told apart without the workloads) and
+``Overcommitted``, the DRA devices handed out twice (``DeviceAlreadyAllocated`` and the capacity
+and counter types), and counts storms in progress (``AdmissionStorm``: owners whose breaker is
+open, by namespace). ``admit-guard audit`` reports every type, old storms and pinned workloads
+included.
 
-Reviews read the same state under the same lock, so the audit takes it one chunk of nodes at a
-time: an admission review never waits for more than one chunk.
+Reviews read the same state under the same lock, so the audit takes it one chunk of nodes (or
+claims) at a time: an admission review never waits for more than one chunk.
 """
 
 from __future__ import annotations
@@ -18,13 +20,25 @@ import threading
 import time
 from collections import Counter
 
-from .audit import MIXED, OVERCOMMITTED, STORM, Finding, node_findings
+from .audit import (
+    ALREADY_ALLOCATED,
+    DEVICE_TYPES,
+    MIXED,
+    OVERCOMMITTED,
+    STORM,
+    Finding,
+    audited,
+    device_groups,
+    device_report,
+    node_findings,
+)
 from .config import Config
 from .metrics import AuditGauges
 from .state.source import StateSource
 
 log = logging.getLogger(__name__)
 NODES_PER_CHUNK = 250
+CLAIMS_PER_CHUNK = 1000
 
 
 class PeriodicAudit:
@@ -72,13 +86,27 @@ class PeriodicAudit:
                 return None
             names = list(view.state.nodes)
             storm = view.state.storm
+            devices = view.state.devices is not None and audited(self.config, ALREADY_ALLOCATED)
+            claims = list(view.state.devices.claims()) if devices else []
         findings: list[Finding] = []
         for start in range(0, len(names), NODES_PER_CHUNK):
             with self.source.reading() as view:
                 if view.state is None:
                     return None
                 findings += node_findings(view.state, self.config, names[start : start + NODES_PER_CHUNK])
+        groups: dict = {}
+        for start in range(0, len(claims), CLAIMS_PER_CHUNK):
+            with self.source.reading() as view:
+                if view.state is None or view.state.devices is None:
+                    return None
+                device_groups(view.state, claims[start : start + CLAIMS_PER_CHUNK], groups)
+        if groups:
+            with self.source.reading() as view:
+                if view.state is None or view.state.devices is None:
+                    return None
+                findings += device_report(groups, view.state)
         counts = {(MIXED, ""): 0, (OVERCOMMITTED, ""): 0}
+        counts.update({(t, ""): 0 for t in DEVICE_TYPES} if devices else {})
         counts.update(Counter((f.type, f.namespace) for f in findings))
         if storm is not None:
             counts.update(Counter((STORM, b.owner.namespace) for b in storm.open_breakers()))
