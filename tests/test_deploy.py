@@ -105,7 +105,12 @@ def test_rbac_is_read_only_cluster_wide_and_leases_only_in_the_guards_namespace(
     docs = rendered["self-signed"]
     [role] = objects(docs, "ClusterRole")
     assert role["rules"] == [
-        {"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": ["get", "list", "watch"]}
+        {"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": ["get", "list", "watch"]},
+        {
+            "apiGroups": ["resource.k8s.io"],
+            "resources": ["resourceslices", "resourceclaims", "deviceclasses", "devicetaintrules"],
+            "verbs": ["get", "list", "watch"],
+        },
     ]
     [leases] = objects(docs, "Role")
     assert leases["metadata"]["namespace"] == "admit-guard"
@@ -324,3 +329,18 @@ def test_vap_refuses_an_exemption_it_cannot_express(tmp_path):
     config.write_text('exemptions: [{users: ["o\'brien"]}]\n')
     result = CliRunner().invoke(main, ["vap", "--config", str(config)])
     assert result.exit_code == 2 and "exemptions[0].users" in result.stderr
+
+
+def test_dra_allocations_are_checked_fail_open_on_resourceclaim_status_updates_only(rendered):
+    [config] = objects(rendered["self-signed"], "ValidatingWebhookConfiguration")
+    claims = next(h for h in config["webhooks"] if h["name"] == "resourceclaims.admit-guard.io")
+    assert claims["failurePolicy"] == "Ignore" and claims["timeoutSeconds"] <= 5
+    assert claims["rules"] == [
+        {
+            "apiGroups": ["resource.k8s.io"],
+            "apiVersions": ["v1"],
+            "operations": ["UPDATE"],
+            "resources": ["resourceclaims/status"],
+        }
+    ]
+    assert claims["sideEffects"] == "NoneOnDryRun"

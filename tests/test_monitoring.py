@@ -88,6 +88,7 @@ def test_every_alert_names_a_metric_the_guard_exports():
         "AdmitGuardAdmissionStorm",
         "AdmitGuardStormBreakerTrips",
         "AdmitGuardMixedDeviceSchedulerNodes",
+        "AdmitGuardDRADeviceHandedOutTwice",
         "AdmitGuardStateStale",
         "AdmitGuardNotReady",
         "AdmitGuardWebhookErrors",
