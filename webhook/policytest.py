@@ -25,6 +25,7 @@ from .kube.errors import FieldError
 from .manifests import Document, ManifestError, documents_in
 from .reader import Reader, ReadError, load_yaml
 from .state import ClusterState, node_from, pod_record
+from .state.devices import DeviceIndex
 from .state.model import object_key
 from .state.snapshot import SnapshotError, load_snapshot
 from .state.source import FixedState
@@ -257,11 +258,19 @@ def _config_data(where: Reader, raw: Any, at: str, base: Mapping[str, Any] | Non
     return _merge(data, where.mapping(raw.get("override") or {}, f"{at}.override"))
 
 
+# DRA objects a test's cluster may list inline, beside nodes and pods.
+_DRA_LISTS = {
+    "resourceSlices": DeviceIndex.set_slice,
+    "resourceClaims": DeviceIndex.set_claim,
+    "deviceClasses": DeviceIndex.set_device_class,
+}
+
+
 def _state(where: Reader, raw: Any, storm: StormBreakerConfig) -> ClusterState | None:
     """The test file's cluster; its Failed pods feed storm breakers with the file's settings."""
     if raw is None:
         return None
-    raw = where.mapping(raw, "cluster", {"snapshots", "nodes", "pods"})
+    raw = where.mapping(raw, "cluster", {"snapshots", "nodes", "pods", *_DRA_LISTS})
     paths = [
         _relative(where, p, "cluster.snapshots")
         for p in where.sequence(raw.get("snapshots", []), "cluster.snapshots")
@@ -272,7 +281,7 @@ def _state(where: Reader, raw: Any, storm: StormBreakerConfig) -> ClusterState |
         state = load_snapshot(snapshots, storm) if snapshots else state
     except SnapshotError as err:
         where.fail("cluster.snapshots", "; ".join(err.problems))
-    for kind in ("nodes", "pods"):
+    for kind in ("nodes", "pods", *_DRA_LISTS):
         for i, obj in enumerate(where.sequence(raw.get(kind, []), f"cluster.{kind}")):
             if not isinstance(obj, Mapping):
                 where.fail(f"cluster.{kind}[{i}]", "must be a mapping")
@@ -280,9 +289,13 @@ def _state(where: Reader, raw: Any, storm: StormBreakerConfig) -> ClusterState |
             try:
                 if kind == "nodes":
                     state.set_node(node_from(obj))
-                else:
+                elif kind == "pods":
                     state.storm.observe(obj, None)
                     state.set_pod(object_key(obj), pod_record(obj))
+                else:
+                    if state.devices is None:
+                        state.devices = DeviceIndex()
+                    _DRA_LISTS[kind](state.devices, obj)
             except FieldError as err:
                 where.fail(f"cluster.{kind}[{i}]", str(err))
     return state
