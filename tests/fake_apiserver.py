@@ -4,12 +4,15 @@ nodes and pods, driven by a scripted event log, with faults injected on demand.
 It speaks just enough of the real protocol for the informer: ``limit``/``continue``
 pagination over a consistent snapshot, ``watch=true&resourceVersion=N`` replaying every event
 after N then following new ones, bookmarks, ``410`` once the log is compacted past N, and a
-bearer token. Faults are queued per resource and consumed by the next request.
+bearer token. Faults are queued per resource and consumed by the next request; two switches
+misbehave for as long as they are set: ``gone_watches`` (every watch answers 410) and
+``ignore_limit`` (every list comes whole, in one response).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import itertools
 import re
 import threading
@@ -33,9 +36,10 @@ LIST_KINDS = {"nodes": "NodeList", "pods": "PodList"}
 class Fault:
     """One injected fault. ``after`` events are sent first (watch faults)."""
 
-    kind: str  # drop | malformed | stall | slow | gone | http500 | expire-continue
+    kind: str  # drop | malformed | stall | slow | oversized | gone | http500 | expire-continue
     after: int = 0
     seconds: float = 0.0
+    size: int = 0  # oversized: the bytes of the event line sent in place of the next one
 
 
 @dataclass
@@ -58,6 +62,9 @@ class Cluster:
     lease_writes: int = 0
     lease_conflicts: int = 0
     lease_delay: float = 0.0  # seconds before each Lease answer: a slow API server
+    gone_watches: str = ""  # "event": every watch is an in-stream 410 ERROR; "status": HTTP 410
+    ignore_limit: bool = False  # lists come whole, streamed item by item, whatever their limit
+    lists: collections.Counter = field(default_factory=collections.Counter)  # full lists per resource
 
     def __post_init__(self) -> None:
         self.changed = threading.Condition()
@@ -207,9 +214,15 @@ class _Handler(BaseHTTPRequestHandler):
         if self.cluster._fault(resource, ("http500",)):
             return self._status(500, "InternalError", "injected failure")
         if query.get("watch") == "true":
+            if self.cluster.gone_watches == "status":
+                return self._status(410, "Expired", "too old resource version")
             return self._watch(
                 resource, int(query.get("resourceVersion") or 0), int(query.get("timeoutSeconds", 60))
             )
+        if not query.get("continue"):
+            self.cluster.lists[resource] += 1
+        if self.cluster.ignore_limit:
+            return self._whole_list(resource)
         return self._list(resource, int(query.get("limit") or 0), query.get("continue", ""))
 
     def _list(self, resource: str, limit: int, token: str) -> None:
@@ -238,13 +251,32 @@ class _Handler(BaseHTTPRequestHandler):
         )
         self._send(200, body)
 
-    def _watch(self, resource: str, since: int, timeout: int) -> None:
-        cluster = self.cluster
+    def _whole_list(self, resource: str) -> None:
+        """Every object in one chunked response, a chunk per thousand items: the server holds no copy."""
+        with self.cluster.changed:
+            rv, items = self.cluster.rv, list(self.cluster.objects[resource].values())
+        self._chunked_headers()
+        head = b'{"kind":"%s","apiVersion":"v1","metadata":{"resourceVersion":"%d"},"items":[' % (
+            LIST_KINDS[resource].encode(),
+            rv,
+        )
+        self._chunk(head)
+        for i in range(0, len(items), 1000):
+            self._chunk((b"," if i else b"") + b",".join(items[i : i + 1000]))
+        self._chunk(b"]}")
+        self._chunk(b"")
+
+    def _chunked_headers(self) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
-        if since < cluster.floor[resource] or cluster._fault(resource, ("gone",)):
+
+    def _watch(self, resource: str, since: int, timeout: int) -> None:
+        cluster = self.cluster
+        self._chunked_headers()
+        gone = cluster.gone_watches == "event" or cluster._fault(resource, ("gone",))
+        if since < cluster.floor[resource] or gone:
             status = {
                 "kind": "Status",
                 "apiVersion": "v1",
@@ -254,7 +286,7 @@ class _Handler(BaseHTTPRequestHandler):
             }
             self._chunk(orjson.dumps({"type": "ERROR", "object": status}) + b"\n")
             return self._chunk(b"")
-        fault = cluster._fault(resource, ("drop", "malformed", "stall", "slow"))
+        fault = cluster._fault(resource, ("drop", "malformed", "stall", "slow", "oversized"))
         deadline = time.monotonic() + timeout
         sent, last_bookmark, generation = 0, time.monotonic(), cluster.watch_generation
         while time.monotonic() < deadline and generation == cluster.watch_generation:
@@ -279,6 +311,9 @@ class _Handler(BaseHTTPRequestHandler):
                         return self._abort()
                     if fault.kind == "slow":
                         time.sleep(fault.seconds)
+                    if fault.kind == "oversized":
+                        self._oversized_event(fault.size)
+                        fault = None  # once; the events after it follow as usual
                 batch.append(line)
                 sent += 1
                 since = rv
@@ -291,6 +326,19 @@ class _Handler(BaseHTTPRequestHandler):
                 self._chunk(orjson.dumps(bookmark) + b"\n")
                 since, last_bookmark = max(since, current), time.monotonic()
         self._chunk(b"")  # the server-side timeout: a normal end of the watch
+
+    def _oversized_event(self, size: int) -> None:
+        """One chunk holding one event line of ``size`` bytes, written a piece at a time (the
+        server never holds it whole); a client that gives up on it closes the connection."""
+        head = b'{"type":"MODIFIED","object":{"metadata":{"name":"huge"},"data":"'
+        tail = b'"}}\n'
+        self.wfile.write(b"%x\r\n" % size + head)
+        filler, left = b"x" * 65536, size - len(head) - len(tail)
+        while left > 0:
+            self.wfile.write(filler[: min(left, len(filler))])
+            left -= len(filler)
+        self.wfile.write(tail + b"\r\n")
+        self.wfile.flush()
 
     def _chunk(self, data: bytes) -> None:
         self._chunks([data])
@@ -368,9 +416,10 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=5000)
     parser.add_argument("--pods", type=int, default=150_000)
     parser.add_argument("--events", type=int, default=200_000)
+    parser.add_argument("--ignore-limit", action="store_true", help="send every list whole")
     args = parser.parse_args()
     rng = random.Random(1)
-    cluster = Cluster(bookmark_every=5.0)
+    cluster = Cluster(bookmark_every=5.0, ignore_limit=args.ignore_limit)
     cluster.load("nodes", (make_node(i) for i in range(args.nodes)))
     pods = [make_pod(i, args.nodes, rng) for i in range(args.pods)]
     cluster.load("pods", pods)

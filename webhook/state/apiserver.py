@@ -8,14 +8,16 @@ never into the client's generated models (which cost kilobytes per pod).
 
 from __future__ import annotations
 
+import itertools
 import os
-from collections.abc import Iterator
+from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 import urllib3
 
+from .list_body import UnreadableList, list_items
 from .snapshot import collector_paused
 
 RESOURCES = {
@@ -31,6 +33,14 @@ RESOURCES = {
     "replicationcontrollers": "/api/v1/replicationcontrollers",
 }
 
+# The largest watch event (one JSON line) the guard reads. The API server refuses objects over
+# 3 MiB (etcd's limit is 1.5 MiB), so anything larger is not a Kubernetes object: a watch error.
+MAX_EVENT_BYTES = 16 * 1024 * 1024
+# A list response up to this size is parsed whole (orjson, one call); a larger one (a server
+# that ignored ``limit``) is read one item at a time, so a relist's peak stays one page.
+WHOLE_PAGE_BYTES = 8 * 1024 * 1024
+_BLOCK = 65536
+
 
 class ApiError(Exception):
     """A failed request; ``status`` is the HTTP or in-stream Status code (0 for transport)."""
@@ -40,9 +50,20 @@ class ApiError(Exception):
         self.status = status
 
 
-@dataclass(frozen=True, slots=True)
+class EventTooLarge(ApiError):
+    """A watch event longer than the cap: the stream is abandoned before it is buffered."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(0, f"watch: an event longer than {limit} bytes")
+
+
+@dataclass(slots=True)
 class Page:
-    items: list[dict[str, Any]]
+    """One list response. A streamed page (one larger than ``WHOLE_PAGE_BYTES``) reads its
+    ``items`` as they are iterated, once, and sets its resourceVersion and continue token
+    when they are done: read those after the items."""
+
+    items: Iterable[dict[str, Any]]
     resource_version: str
     continue_token: str
 
@@ -62,6 +83,7 @@ class ApiServer:
                 "key_file": configuration.key_file,
             }
         self._pool = urllib3.PoolManager(num_pools=2, maxsize=8, retries=False, **tls)
+        self.whole_page_bytes = WHOLE_PAGE_BYTES
 
     @classmethod
     def connect(cls, kubeconfig: str | None = None, context: str | None = None) -> ApiServer:
@@ -81,18 +103,15 @@ class ApiServer:
         fields: dict[str, Any] = {"limit": limit}
         if continue_token:
             fields["continue"] = continue_token
-        response = self._get(resource, fields, timeout=timeout, stream=False)
-        try:
-            with collector_paused():  # a page is ~20,000 objects, none of them garbage yet
-                body = orjson.loads(response.data)
-            metadata = body.get("metadata") or {}
-            return Page(
-                body.get("items") or [],
-                str(metadata.get("resourceVersion") or ""),
-                metadata.get("continue") or "",
-            )
-        except (orjson.JSONDecodeError, AttributeError) as err:
-            raise ApiError(0, f"list {resource}: unreadable response: {err}") from None
+        response = self._get(resource, fields, timeout=timeout, stream=True)
+        blocks = _body_blocks(resource, response)
+        head, size = [], 0
+        for block in blocks:
+            head.append(block)
+            size += len(block)
+            if size > self.whole_page_bytes:
+                return _streamed_page(resource, head, blocks)
+        return _whole_page(resource, b"".join(head))
 
     def watch(
         self, resource: str, resource_version: str, timeout_seconds: int, read_timeout: float
@@ -157,24 +176,97 @@ class ApiServer:
         return response
 
 
-def watch_lines(response) -> Iterator[bytes]:
-    """The newline-delimited events of a watch stream, as they arrive."""
+def _body_blocks(resource: str, response) -> Iterator[bytes]:
+    """The body of a list response in blocks; the connection goes back to the pool once it is
+    read to the end, and is closed when the reader stops early."""
+    read = False
+    try:
+        yield from response.stream(_BLOCK, decode_content=True)
+        read = True
+    except urllib3.exceptions.HTTPError as err:
+        raise ApiError(0, f"list {resource}: {err}") from None
+    finally:
+        if not read:
+            response.close()  # a connection read part way cannot carry another request
+        response.release_conn()
+
+
+def _whole_page(resource: str, body: bytes) -> Page:
+    try:
+        with collector_paused():  # a page is ~20,000 objects, none of them garbage yet
+            parsed = orjson.loads(body)
+        metadata = parsed.get("metadata") or {}
+        return Page(
+            parsed.get("items") or [],
+            str(metadata.get("resourceVersion") or ""),
+            metadata.get("continue") or "",
+        )
+    except (orjson.JSONDecodeError, AttributeError) as err:
+        raise ApiError(0, f"list {resource}: unreadable response: {err}") from None
+
+
+def _streamed_page(resource: str, head: list[bytes], blocks: Generator[bytes]) -> Page:
+    """A page read item by item: ``head`` was read already, ``blocks`` is the rest of the body."""
+    page = Page([], "", "")
+
+    def taken(read: list[bytes]) -> Iterator[bytes]:
+        read.reverse()
+        while read:
+            yield read.pop()  # each block is freed once parsed, not at the end of the page
+
+    def items() -> Iterator[dict[str, Any]]:
+        metadata: dict[str, Any] = {}
+        try:
+            yield from list_items(itertools.chain(taken(head), blocks), metadata, MAX_EVENT_BYTES)
+        except UnreadableList as err:
+            raise ApiError(0, f"list {resource}: unreadable response: {err}") from None
+        finally:
+            blocks.close()
+        page.resource_version = str(metadata.get("resourceVersion") or "")
+        page.continue_token = metadata.get("continue") or ""
+
+    page.items = items()
+    return page
+
+
+def watch_lines(response, max_event: int = MAX_EVENT_BYTES) -> Iterator[bytes]:
+    """The newline-delimited events of a watch stream, as they arrive.
+
+    An event's pieces are kept in a list and joined once, so a large event costs its length,
+    not its length squared; past ``max_event`` bytes it is ``EventTooLarge``, never more memory.
+    """
     fp = getattr(getattr(response, "_fp", None), "fp", None)
     plain = not response.headers.get("Content-Encoding")
     if getattr(response, "chunked", False) and plain and hasattr(fp, "read1"):
         blocks = _dechunked(fp)
     else:
-        blocks = response.stream(65536, decode_content=True)
-    pending = b""
+        blocks = response.stream(_BLOCK, decode_content=True)
+    pieces: list[bytes] = []  # the event that has no newline yet
+    held = 0
     for block in blocks:
-        pending += block
-        *lines, pending = pending.split(b"\n")
+        lines = block.split(b"\n")
+        if len(lines) == 1:
+            pieces.append(block)
+            held += len(block)
+            if held > max_event:
+                raise EventTooLarge(max_event)
+            continue
+        if pieces:
+            if held + len(lines[0]) > max_event:
+                raise EventTooLarge(max_event)
+            pieces.append(lines[0])
+            lines[0] = b"".join(pieces)
+        tail = lines.pop()
+        pieces, held = ([tail] if tail else []), len(tail)
+        if held > max_event or (len(block) > max_event and max(map(len, lines)) > max_event):
+            raise EventTooLarge(max_event)
         yield from (line for line in lines if line.strip())
-    if pending.strip():
-        yield pending
+    if pieces and (last := b"".join(pieces)).strip():
+        yield last
 
 
 _MAX_SIZE_LINE = 1024
+_MAX_TRAILER = 8192
 
 
 def _dechunked(fp) -> Iterator[bytes]:
@@ -182,16 +274,33 @@ def _dechunked(fp) -> Iterator[bytes]:
 
     The API server sends every watch event as a chunk of its own; urllib3 costs a few
     microseconds of Python per chunk, this a fraction of that. Yields, per read, the data of
-    the chunks it completed; ends after the last chunk and its trailer section. The caller
-    closes the connection (it is never reused after a watch).
+    the chunks it completed, and the part of a chunk longer than the read as it arrives (so
+    a large chunk is never copied again). Ends after the last chunk and its trailer section.
+    The caller closes the connection (it is never reused after a watch).
     """
-    buffer, at = b"", 0
+    buffer, at = b"", 0  # buffer[at:]: chunk framing not yet parsed (a size line, CRLF, trailer)
+    data_left = 0  # bytes of the current chunk's data still to come
+    crlf = False  # the CRLF that ends a chunk's data comes next
     while True:
-        data = fp.read1(65536)
+        data = fp.read1(_BLOCK)
         if not data:
             raise ApiError(0, "watch: the stream ended before its last chunk")
-        buffer = buffer[at:] + data
-        at, parts = 0, []
+        parts = []
+        if data_left:
+            parts.append(data[:data_left])
+            data, data_left = data[data_left:], max(0, data_left - len(data))
+            if data_left:
+                yield parts[0]
+                continue
+        buffer, at = buffer[at:] + data, 0
+        if crlf:
+            if len(buffer) < 2:
+                if parts:
+                    yield parts[0]
+                continue
+            if buffer[:2] != b"\r\n":
+                raise ApiError(0, "watch: malformed chunk")
+            at, crlf = 2, False
         while True:
             eol = buffer.find(b"\r\n", at)
             if eol < 0:
@@ -202,19 +311,27 @@ def _dechunked(fp) -> Iterator[bytes]:
                 size = int(buffer[at:eol].split(b";", 1)[0], 16)
             except ValueError:
                 raise ApiError(0, f"watch: invalid chunk size {buffer[at:eol][:40]!r}") from None
-            if size == 0:
-                if buffer.find(b"\r\n\r\n", eol) < 0:
-                    break  # the trailer section has not arrived yet
+            start, end = eol + 2, eol + 2 + size
+            if size > 0 and end + 2 <= len(buffer):  # the whole chunk is here: the usual case
+                if buffer[end : end + 2] != b"\r\n":
+                    raise ApiError(0, "watch: malformed chunk")
+                parts.append(buffer[start:end])
+                at = end + 2
+            elif size > 0:  # its data goes on in the next reads
+                parts.append(buffer[start:end])
+                at, crlf = min(end, len(buffer)), True
+                data_left = end - at
+                break
+            elif size < 0:
+                raise ApiError(0, "watch: malformed chunk")
+            elif buffer.find(b"\r\n\r\n", eol) >= 0:  # the last chunk, and its trailer section
                 if parts:
                     yield b"".join(parts)
                 return
-            end = eol + 2 + size
-            if len(buffer) < end + 2:
-                break
-            if size < 0 or buffer[end : end + 2] != b"\r\n":
-                raise ApiError(0, "watch: malformed chunk")
-            parts.append(buffer[eol + 2 : end])
-            at = end + 2
+            elif len(buffer) - eol > _MAX_TRAILER:
+                raise ApiError(0, "watch: trailer section too long")
+            else:
+                break  # the trailer section has not arrived yet
         if parts:
             yield b"".join(parts)
 

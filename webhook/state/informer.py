@@ -2,20 +2,26 @@
 
 One thread per resource follows the client-go reflector: a paginated list, then a watch from
 the list's resourceVersion with bookmarks. A server-side watch timeout simply re-watches;
-``410 Gone`` relists; disconnects, stalls and unreadable lines re-watch from the last
-resourceVersion seen (the API server replays what came after it) with capped, jittered
-backoff. Every change goes through ``ClusterState``'s own methods, the same code paths as
-snapshots, under the lock admission reads hold.
+disconnects, stalls and unreadable lines re-watch from the last resourceVersion seen (the API
+server replays what came after it) with capped, jittered backoff. ``410 Gone`` and an event
+over ``MAX_EVENT_BYTES`` relist: at once the first time, then with a backoff of its own that
+doubles up to ``relist_backoff_cap`` and starts again once a list has stood for
+``relist_reset`` seconds, because a relist costs the API server a full list and this process
+a rebuild of every record (a 410 storm without it listed 715 times in 16 s). Meanwhile the
+state is that of the last list: readiness holds while it is younger than ``max_age``.
+Every change goes through ``ClusterState``'s own methods, the same code paths as snapshots,
+under the lock admission reads hold.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import random
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +29,7 @@ from typing import Any
 import orjson
 
 from ..kube.errors import FieldError
-from .apiserver import ApiError, ApiServer, watch_lines
+from .apiserver import MAX_EVENT_BYTES, ApiError, ApiServer, EventTooLarge, watch_lines
 from .model import ClusterState, node_from, object_key, pod_record
 from .snapshot import collector_paused
 from .source import Readiness, StateView
@@ -34,7 +40,7 @@ GONE = 410
 
 
 class _Relist(Exception):
-    """The watch cannot resume from our resourceVersion: list again."""
+    """The watch cannot resume from our resourceVersion (or past an event): list again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +53,41 @@ class Timing:
     # server sees one request per kind and worker every few seconds, jittered.
     backoff_cap: float = 5.0
     max_age: float = 300.0  # older state than this is not trusted for node checks
+    # Relists after the first in a row wait 1, 2, 4 ... 30 s (each jittered down to half): a
+    # 410 storm lists a few times a minute, and the state, as fresh as its last list, stays
+    # well inside ``max_age``. client-go's reflector backs off 0.8 s to 30 s the same way.
+    relist_backoff_base: float = 1.0
+    relist_backoff_cap: float = 30.0
+    relist_reset: float = 120.0  # a list that stood this long (watched) ends the streak
+
+
+@dataclass(slots=True)
+class RelistBackoff:
+    """How long to wait before the next relist of one resource.
+
+    The first relist after a list that stood for ``reset`` seconds is immediate (one compaction
+    costs nothing extra); each further one in the streak doubles the wait from ``base`` up to
+    ``cap``, drawn between half the ceiling and the ceiling, so a storm cannot list faster than
+    the ceilings add up to and workers that relist together drift apart.
+    """
+
+    base: float
+    cap: float
+    reset: float
+    streak: int = 0
+    listed_at: float | None = None
+
+    def listed(self, now: float) -> None:
+        self.listed_at = now
+
+    def delay(self, now: float, rng: random.Random | None = None) -> float:
+        if self.listed_at is not None and now - self.listed_at >= self.reset:
+            self.streak = 0
+        self.streak += 1
+        if self.streak == 1:
+            return 0.0
+        ceiling = min(self.cap, self.base * 2 ** min(self.streak - 2, 32))
+        return (rng or random).uniform(ceiling / 2, ceiling)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,11 +131,13 @@ class Informer:
     ) -> None:
         self.api = api
         self.timing = timing or Timing()
+        self.max_event_bytes = MAX_EVENT_BYTES
         self.state = ClusterState(storm)
         self.lock = threading.Lock()
         self.relists = 0
         self.events = 0
         self.skipped = 0  # objects whose fields could not be read (logged, left out)
+        self.oversized_events = 0  # watch events over max_event_bytes (each a watch error and a relist)
         self._synced: set[str] = set()
         # Per kind, the monotonic time of its last list page, event or bookmark: a dead node
         # watch must not hide behind a busy pod watch.
@@ -179,32 +222,36 @@ class Informer:
 
     def _run(self, kind: _Kind) -> None:
         resource_version = ""
+        timing = self.timing
+        relists = RelistBackoff(timing.relist_backoff_base, timing.relist_backoff_cap, timing.relist_reset)
         while not self._stop.is_set():
             try:
                 if not resource_version:
                     resource_version = self._list(kind)
+                    relists.listed(time.monotonic())
                     self._synced.add(kind.name)
                     self._failures[kind.name] = 0
                 resource_version = self._watch(kind, resource_version)
-            except _Relist:
-                resource_version = ""
-                self.relists += 1
-                log.info("watch %s: resourceVersion too old, relisting", kind.name)
             except Exception as err:
                 if self._stop.is_set():
                     break
-                if isinstance(err, ApiError) and err.status == GONE:
+                if isinstance(err, _Relist) or (isinstance(err, ApiError) and err.status == GONE):
                     resource_version = ""
                     self.relists += 1
-                failures = self._failures[kind.name] = min(self._failures.get(kind.name, 0) + 1, 32)
-                delay = random.uniform(
-                    0, min(self.timing.backoff_cap, self.timing.backoff_base * 2**failures)
-                )
-                log.warning("watch %s: %s; retrying in %.1f s", kind.name, err, delay)
+                    delay = relists.delay(time.monotonic())
+                    log.info("watch %s: %s; relisting in %.1f s", kind.name, err, delay)
+                else:
+                    failures = self._failures[kind.name] = min(self._failures.get(kind.name, 0) + 1, 32)
+                    delay = random.uniform(0, min(timing.backoff_cap, timing.backoff_base * 2**failures))
+                    log.warning("watch %s: %s; retrying in %.1f s", kind.name, err, delay)
                 self._stop.wait(delay)
 
     def _list(self, kind: _Kind) -> str:
-        """A full paginated list, applied page by page; what it did not return is removed."""
+        """A full paginated list, applied in batches of a page; what it did not return is removed.
+
+        A page is applied as it is read, so a relist holds the state and one page of objects at
+        a time, even from a server that ignores ``limit`` and sends everything at once.
+        """
         seen: set[str] = set()
         token, resource_version = "", ""
         while True:
@@ -212,14 +259,9 @@ class Informer:
             # The page's ~20,000 objects die before the collector runs again: scanned, they would
             # be promoted, and the collector would scan the whole state dozens of times per list.
             with collector_paused():
-                if kind.name == "pods" and self.state.storm is not None:
-                    for obj in filter(_storm_reads, page.items):
-                        self.state.storm.observe(obj, None, time.time())  # listed: at its creation time
-                built = [(kind.key(obj), self._build(kind, obj)) for obj in page.items]
-                with self.lock:
-                    for key, value in built:
-                        seen.add(key)
-                        self._set(kind, key, value)
+                for batch in _batches(page.items, self.timing.page_size):
+                    self._apply_listed(kind, batch, seen)
+                    self._touch(kind)
                 resource_version = resource_version or page.resource_version
                 last, token = page.resource_version, page.continue_token
                 del page
@@ -231,6 +273,16 @@ class Informer:
                 kind.drop(key)
         return last or resource_version
 
+    def _apply_listed(self, kind: _Kind, objects: list[dict[str, Any]], seen: set[str]) -> None:
+        if kind.name == "pods" and self.state.storm is not None:
+            for obj in filter(_storm_reads, objects):
+                self.state.storm.observe(obj, None, time.time())  # listed: at its creation time
+        built = [(kind.key(obj), self._build(kind, obj)) for obj in objects]
+        with self.lock:
+            for key, value in built:
+                seen.add(key)
+                self._set(kind, key, value)
+
     def _watch(self, kind: _Kind, resource_version: str) -> str:
         """Apply events until the server ends the watch; return the last resourceVersion."""
         timeout = int(self.timing.watch_timeout * random.uniform(1.0, 2.0))
@@ -238,12 +290,18 @@ class Informer:
         self._failures[kind.name] = 0  # the server answers again: the next failure starts small
         self._responses[kind.name] = response
         try:
-            for line in watch_lines(response):
+            for line in watch_lines(response, self.max_event_bytes):
                 if self._stop.is_set():
                     break
                 resource_version = self._apply(kind, line) or resource_version
         except orjson.JSONDecodeError as err:
             raise ValueError(f"unreadable watch event: {err}") from None
+        except EventTooLarge as err:
+            # Watching again from the same resourceVersion would replay the same event: only a
+            # list moves past it (and a Kubernetes object is never that large).
+            self.oversized_events += 1
+            log.warning("watch %s: %s after resourceVersion %s", kind.name, err, resource_version)
+            raise _Relist(str(err)) from None
         finally:
             self._responses.pop(kind.name, None)
             _close(response)
@@ -256,7 +314,7 @@ class Informer:
             raise ValueError(f"watch event without an object: {line[:120]!r}")
         if kind_of_event == "ERROR":
             if obj.get("code") == GONE:
-                raise _Relist
+                raise _Relist("resourceVersion too old (410 Gone)")
             raise ApiError(int(obj.get("code") or 0), str(obj.get("message") or "watch error"))
         resource_version = (obj.get("metadata") or {}).get("resourceVersion")
         if kind_of_event == "ADDED" or kind_of_event == "MODIFIED":
@@ -293,6 +351,12 @@ class Informer:
     def _touch(self, kind: _Kind) -> None:
         self._heard[kind.name] = time.monotonic()
         self._heard_wall = time.time()
+
+
+def _batches(items: Iterable[dict[str, Any]], size: int) -> Iterator[list[dict[str, Any]]]:
+    iterator = iter(items)
+    while batch := list(itertools.islice(iterator, max(size, 1))):
+        yield batch
 
 
 def _storm_reads(pod: dict[str, Any]) -> bool:
