@@ -95,7 +95,7 @@ class BindGuard:
         self.leases = leases
         self.clock = clock
 
-    def review(self, req: AdmissionRequest, source: StateSource) -> Outcome:
+    def review(self, req: AdmissionRequest, source: StateSource, *, verified: bool = False) -> Outcome:
         """A Binding: the pod and node are read under the state's lock; the reservation's
         round trips happen outside it (the informer must keep applying events)."""
         deadline = time.monotonic() + self.config.node_admission.reservations.deadline_seconds
@@ -129,7 +129,13 @@ class BindGuard:
         return self._reserve_or_deny(outcome, source, pod, node, req, pod_name, mode, deadline, created=False)
 
     def review_created(
-        self, req: AdmissionRequest, source: StateSource, outcome: Outcome, judged: Judged | None = None
+        self,
+        req: AdmissionRequest,
+        source: StateSource,
+        outcome: Outcome,
+        judged: Judged | None = None,
+        *,
+        verified: bool = False,
     ) -> Outcome:
         """A pod CREATE with ``spec.nodeName`` the engine allowed: re-check it against the
         reservations of in-flight binds and reserve its capacity the same way.

@@ -18,7 +18,7 @@ import orjson
 import yaml
 
 from . import KUBERNETES_VERSION, policytest
-from .config import Config, ConfigError, load_config
+from .config import ClientAuth, Config, ConfigError, load_config
 from .engine import Decision, evaluate
 from .kube.errors import FieldError
 from .kube.workloads import pod_shape
@@ -524,6 +524,39 @@ def certs(service, namespace, out, force, renew) -> None:
     show_default=True,
     help="Seconds a client has to complete the TLS handshake and send a whole request (else 408).",
 )
+@click.option(
+    "--first-byte-timeout",
+    type=click.FloatRange(0.1),
+    default=3.0,
+    show_default=True,
+    help="Seconds a new connection may stay silent before it is closed (at most --request-timeout).",
+)
+@click.option(
+    "--worker-connections",
+    type=click.IntRange(16),
+    default=1000,
+    show_default=True,
+    help="Open connections per worker; at the limit the oldest idle one is closed for a new client.",
+)
+@click.option(
+    "--max-buffered-bytes",
+    type=click.IntRange(64 * 1024),
+    help="Request bytes a worker buffers at once, past which requests get 503 with Retry-After "
+    "(default: a quarter of the container's memory limit split across the workers, else 128 MiB).",
+)
+@click.option(
+    "--client-ca",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="CA file: /validate and /mutate answer only clients with a certificate it signed "
+    "(403 otherwise). Overrides clientAuth.ca in --config.",
+)
+@click.option(
+    "--client-cn",
+    "client_cns",
+    multiple=True,
+    help="Allowed common name of a client certificate (repeatable; default: any the CA signed). "
+    "Overrides clientAuth.commonNames.",
+)
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info")
 @click.option(
     "--max-state-age",
@@ -547,6 +580,11 @@ def serve(
     threads,
     max_body_bytes,
     request_timeout,
+    first_byte_timeout,
+    worker_connections,
+    max_buffered_bytes,
+    client_ca,
+    client_cns,
     log_level,
     max_state_age,
     audit_interval,
@@ -565,6 +603,7 @@ def serve(
                 f"{cert_dir / name}: missing; create it with 'admit-guard certs --out {cert_dir}'"
             )
     config = _load_config(config_path)
+    client_auth = _client_auth(config, client_ca, client_cns)
     live = _wants_live(cluster, kubeconfig, context)
     if live:
         _api_server(kubeconfig, context)  # fail now, not in every worker
@@ -594,6 +633,7 @@ def serve(
                 max_body_bytes=max_body_bytes,
                 audit_interval=audit_interval,
                 bind_guard=BindGuard(config, local, leases),
+                require_client_cert=client_auth is not None,
             )
         # The snapshot was loaded once, before the fork: workers share its pages.
         return create_app(
@@ -602,6 +642,7 @@ def serve(
             max_body_bytes=max_body_bytes,
             audit_interval=audit_interval,
             bind_guard=BindGuard(config, local),
+            require_client_cert=client_auth is not None,
         )
 
     options = ServeOptions(
@@ -611,11 +652,34 @@ def serve(
         threads=threads,
         log_level=log_level,
         request_timeout=request_timeout,
+        first_byte_timeout=min(first_byte_timeout, request_timeout),
         max_body_bytes=max_body_bytes,
+        max_buffered_bytes=max_buffered_bytes,
+        worker_connections=worker_connections,
+        client_auth=client_auth,
     )
     log_decisions_to_stderr()
     log_events_to_stderr(log_level)
     GuardServer(app, options).run()
+
+
+def _client_auth(config: Config, client_ca: Path | None, client_cns: tuple[str, ...]) -> ClientAuth | None:
+    """Who may call the admission paths: the flags over the config file's ``clientAuth``. The CA
+    file must load now: a typo would otherwise fail every worker's first handshake."""
+    import ssl
+
+    configured = config.client_auth
+    ca = str(client_ca) if client_ca is not None else (configured.ca if configured else None)
+    if ca is None:
+        if client_cns:
+            raise InputError("--client-cn needs a client CA (--client-ca or clientAuth.ca in --config)")
+        return None
+    names = tuple(client_cns) or (configured.common_names if configured else ())
+    try:
+        ssl.create_default_context(cafile=ca)
+    except (OSError, ssl.SSLError) as err:
+        raise InputError(f"{ca}: cannot load the client CA: {err}") from None
+    return ClientAuth(ca, names)
 
 
 def _guard_namespace(config: Config) -> str:

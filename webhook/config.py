@@ -125,6 +125,19 @@ class Exemption:
 
 
 @dataclass(frozen=True, slots=True)
+class ClientAuth:
+    """Who may call the admission paths: clients whose certificate ``ca`` signed, and (when
+    ``common_names`` is not empty) whose subject common name is one of them."""
+
+    ca: str
+    common_names: tuple[str, ...] = ()
+
+    def allows(self, names: tuple[str, ...]) -> bool:
+        """Whether a verified certificate with these subject common names may call."""
+        return not self.common_names or any(name in self.common_names for name in names)
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     excluded_namespaces: tuple[str, ...] = ("kube-system",)
     fail_open: bool = True
@@ -133,6 +146,7 @@ class Config:
     device_scheduler: DeviceSchedulerConfig = field(default_factory=DeviceSchedulerConfig)
     node_admission: NodeAdmissionConfig = field(default_factory=NodeAdmissionConfig)
     storm_breaker: StormBreakerConfig = field(default_factory=StormBreakerConfig)
+    client_auth: ClientAuth | None = None  # serve only; ``--client-ca`` overrides it
 
     def mode(self, policy: str) -> str:
         return {
@@ -166,7 +180,7 @@ def load_config(path: str | Path) -> Config:
 def config_from_dict(data: Any, source: str = "config") -> Config:
     """Validate a decoded config document; unknown keys are errors (they are usually typos)."""
     reader = _Reader(source)
-    top = reader.mapping(data, "", {"excludedNamespaces", "failOpen", "exemptions", "policies"})
+    top = reader.mapping(data, "", {"excludedNamespaces", "failOpen", "exemptions", "policies", "clientAuth"})
     policies = reader.mapping(top.get("policies") or {}, "policies", set(POLICY_NAMES))
     config = Config(
         excluded_namespaces=reader.strings(
@@ -181,6 +195,7 @@ def config_from_dict(data: Any, source: str = "config") -> Config:
         device_scheduler=_device(reader, _policy(reader, policies, "deviceScheduler")),
         node_admission=_node(reader, _policy(reader, policies, "nodeAdmission")),
         storm_breaker=_storm(reader, _policy(reader, policies, "stormBreaker")),
+        client_auth=_client_auth(reader, top.get("clientAuth")),
     )
     reader.finish()
     return config
@@ -200,6 +215,19 @@ def _policy(reader: _Reader, policies: Mapping[str, Any], name: str) -> Mapping[
         )
         return {}
     return data
+
+
+def _client_auth(reader: _Reader, data: Any) -> ClientAuth | None:
+    if data is None:
+        return None
+    item = reader.mapping(data, "clientAuth", {"ca", "commonNames"})
+    ca = item.get("ca")
+    if not isinstance(ca, str) or not ca:
+        reader.fail(
+            "clientAuth.ca", "must be the path of the CA file that signs the API server's client certificate"
+        )
+        ca = ""
+    return ClientAuth(ca, reader.strings(item.get("commonNames") or [], "clientAuth.commonNames"))
 
 
 def _exemption(reader: _Reader, data: Any, where: str) -> Exemption:

@@ -68,6 +68,7 @@ def evaluate(
     groups: tuple[str, ...] = (),
     state_unavailable: str | None = None,
     now: float | None = None,
+    unreadable: FieldError | None = None,
 ) -> Decision:
     """Decide on one object. Raises ``FieldError`` (with the full field path) when the object
     has no readable pod at all; a pod whose fields are unreadable (a malformed quantity) is
@@ -77,6 +78,8 @@ def evaluate(
     ``state_unavailable`` says why live state should have been there but is not usable (not
     yet synced, too old): node checks then answer per ``config.fail_open``. ``now`` (wall-clock
     seconds) is when the storm breakers are asked; without it they are not consulted.
+    ``unreadable``: a part of the object the caller could not read (nested past the JSON
+    parser's limit); the pod's fields then count as unreadable, as for a malformed one.
     Kinds that create no pods, and operations other than CREATE/UPDATE, pass untouched.
     """
     decision = Decision()
@@ -87,7 +90,7 @@ def evaluate(
     if namespace in config.excluded_namespaces:
         return decision
     old_shape = pod_shape(old_object) if operation == "UPDATE" and old_object else None
-    review = _review(obj, operation, old_shape, shape)
+    review = _review(obj, operation, old_shape, shape, unreadable)
     patch: list[dict[str, Any]] = []
     context = Context(state, config, state_unavailable, now)
     for name, needs_pod, run in _POLICIES:
@@ -102,7 +105,7 @@ def evaluate(
             if fix:
                 # Later policies judge the object as it will be stored.
                 patch.extend(fix)
-                review = _review(_patched(review.obj, fix), operation, old_shape)
+                review = _review(_patched(review.obj, fix), operation, old_shape, unreadable=unreadable)
     decision.allowed = not decision.violations
     decision.patch = patch or None
     decision.unreadable = review.unreadable if decision.unchecked else None
@@ -132,9 +135,11 @@ def _patched(obj: Mapping[str, Any], fix) -> Mapping[str, Any]:
         raise FieldError("spec", "nested too deeply to read") from None
 
 
-def _review(obj: Mapping[str, Any], operation: str, old_shape, shape=None) -> Review:
+def _review(obj: Mapping[str, Any], operation: str, old_shape, shape=None, unreadable=None) -> Review:
     """Build the review; pod-relative field errors get the path inside the whole object."""
     shape = shape or pod_shape(obj)
+    if unreadable is not None:
+        return Review(obj, shape, None, operation, old_shape, unreadable)
     try:
         pod = PodUnderReview.from_shape(shape)
     except FieldError as err:

@@ -41,10 +41,13 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY,
     audit_interval: float | None = None,
     bind_guard: BindGuard | None = None,
+    require_client_cert: bool = False,
 ) -> Flask:
     """Build the webhook app. ``source`` supplies the cluster state and its readiness.
 
     ``audit_interval``: run the node audit on the state every so many seconds (gauges).
+    ``require_client_cert``: answer /validate and /mutate only for callers whose client
+    certificate the server verified (``serve --client-ca``); others get 403.
     """
     app = Flask("admit_guard")
     app.config["MAX_CONTENT_LENGTH"] = max_body_bytes
@@ -58,7 +61,7 @@ def create_app(
             source, config, metrics.audit, audit_interval, source_name
         ).start()
 
-    def answer(endpoint: str, body: bytes) -> tuple[int, bytes]:
+    def answer(endpoint: str, body: bytes, verified: bool) -> tuple[int, bytes]:
         started = time.perf_counter()
         try:
             req = admission.parse_review(body)
@@ -76,7 +79,7 @@ def create_app(
             now = time.time()
             if binding:
                 outcome = (
-                    bind_guard.review(req, source)
+                    bind_guard.review(req, source, verified=verified)
                     if bind_guard is not None and endpoint == VALIDATE
                     else admission.Outcome(req, {"uid": req.uid, "allowed": True})
                 )
@@ -89,7 +92,7 @@ def create_app(
                     if view.state is not None:
                         metrics.observe_storm_now_and_then(view.state.storm)
                 if endpoint == VALIDATE and bind_guard is not None:  # round trips: no lock held
-                    outcome = bind_guard.review_created(req, source, outcome, judged)
+                    outcome = bind_guard.review_created(req, source, outcome, judged, verified=verified)
         except Exception as err:  # a bug must not become a 500 on the path of every pod
             logging.getLogger(__name__).exception("review %s failed", req.uid)
             outcome = admission.unchecked(req, endpoint, f"internal error ({type(err).__name__})", config)
@@ -100,7 +103,11 @@ def create_app(
         return 200, outcome.body()
 
     app.wsgi_app = AdmissionEndpoints(
-        app.wsgi_app, answer, max_body_bytes, lambda endpoint: metrics.count_bad_request(endpoint, 413)
+        app.wsgi_app,
+        answer,
+        max_body_bytes,
+        metrics.count_bad_request,
+        require_client_cert=require_client_cert,
     )
 
     @app.get("/healthz")
