@@ -200,3 +200,35 @@ def test_buffered_bodies_never_exceed_the_cap_and_those_past_it_get_503_with_ret
     held_whole = cap // (body + len(_head("Content-Length: 3145728\r\n")))  # 7 fit whole
     assert len(refused) >= 24 - held_whole
     assert all(b"\r\nRetry-After: " in a for a in refused)
+
+
+@pytest.mark.parametrize(
+    ("cgroup", "files"),
+    [
+        ("0::/kubepods/pod1/c1\n", {"kubepods/pod1/c1/memory.max": "1073741824\n", "memory.max": "max\n"}),
+        ("0::/\n", {"memory.max": "1073741824\n"}),  # a cgroup namespace: the root is the container's
+        ("4:memory:/docker/c1\n", {"memory/docker/c1/memory.limit_in_bytes": "1073741824\n"}),
+    ],
+    ids=["cgroup-v2", "cgroup-v2-namespaced", "cgroup-v1"],
+)
+def test_the_default_buffer_budget_is_a_share_of_the_containers_memory_limit(tmp_path, cgroup, files):
+    from webhook.serving import container_memory_limit, default_buffered_bytes
+
+    (tmp_path / "cgroup").write_text(cgroup)
+    for name, text in files.items():
+        (tmp_path / "fs" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "fs" / name).write_text(text)
+    limit = container_memory_limit(tmp_path / "cgroup", tmp_path / "fs")
+    assert limit == 1 << 30
+    assert default_buffered_bytes(2, 3 << 20, limit) == 128 << 20  # a quarter of 1 GiB, per worker of 2
+
+
+def test_without_a_memory_limit_the_buffer_budget_is_fixed_and_fits_one_largest_request(tmp_path):
+    from webhook.serving import DEFAULT_BUFFERED_BYTES, container_memory_limit, default_buffered_bytes
+
+    (tmp_path / "cgroup").write_text("4:memory:/\n")
+    (tmp_path / "memory").mkdir()
+    (tmp_path / "memory" / "memory.limit_in_bytes").write_text("9223372036854771712\n")
+    assert container_memory_limit(tmp_path / "cgroup", tmp_path) is None
+    assert default_buffered_bytes(2, 3 << 20, None) == DEFAULT_BUFFERED_BYTES
+    assert default_buffered_bytes(64, 3 << 20, 256 << 20) == (3 << 20) + 64 * 1024

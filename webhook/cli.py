@@ -534,7 +534,7 @@ def certs(service, namespace, out, force, renew) -> None:
 @click.option(
     "--worker-connections",
     type=click.IntRange(16),
-    default=1000,
+    default=4096,
     show_default=True,
     help="Open connections per worker; at the limit the oldest idle one is closed for a new client.",
 )

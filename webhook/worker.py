@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import gc
 import heapq
 import itertools
 import re
@@ -77,6 +78,7 @@ _SPARE_DESCRIPTORS = 256
 # accept() errors that mean "no room for another descriptor or socket buffer right now".
 _OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 _ACCEPT_PAUSE = 0.1  # seconds accepting stops after one of them
+_ACCEPTS_PER_TURN = 16
 _REFUSAL_LOG_SECONDS = 10.0
 
 INCOMPLETE, COMPLETE, TOO_LARGE, MALFORMED = "incomplete", "complete", "too large", "malformed"
@@ -311,6 +313,7 @@ class GuardWorker(ThreadWorker):
     def load_wsgi(self) -> None:
         super().load_wsgi()
         self.wsgi = with_client_identity(self.wsgi)
+        gc.freeze()  # the app, once built, is never garbage: full collections need not scan it
 
     def _fit_descriptor_limit(self) -> None:
         """Raise the soft descriptor limit to what ``worker_connections`` needs (up to the hard
@@ -370,13 +373,24 @@ class GuardWorker(ThreadWorker):
         super().set_accept_enabled(enabled)
 
     def accept(self, listener) -> None:
-        """Take the connection, but neither wrap it in TLS nor count on it before its first byte."""
-        try:
-            client, address = listener.accept()
-        except OSError as err:
-            if err.errno in _OUT_OF_RESOURCES:
-                self._out_of_descriptors(err)
-            return  # ECONNABORTED and the like: the client is gone; the worker is not
+        """Take new connections (a few per turn: under a flood of them, one per turn of the loop
+        made the loop's own work the cost), but neither wrap them in TLS nor count on them
+        before their first byte."""
+        for _ in range(_ACCEPTS_PER_TURN):
+            if self.nr_conns >= self.worker_connections:
+                return  # nothing left to close for room: the loop stops accepting
+            try:
+                client, address = listener.accept()
+            except OSError as err:
+                if err.errno in _OUT_OF_RESOURCES:
+                    self._out_of_descriptors(err)
+                    return
+                if isinstance(err, BlockingIOError | InterruptedError):
+                    return
+                continue  # ECONNABORTED and the like: that client is gone; the worker is not
+            self._take(client, address, listener)
+
+    def _take(self, client: socket.socket, address, listener) -> None:
         self.nr_conns += 1
         try:
             conn = TConn(self.cfg, client, address, listener.getsockname())  # non-blocking
