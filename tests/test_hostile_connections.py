@@ -34,9 +34,16 @@ def _head(extra: str) -> bytes:
     return f"POST /validate HTTP/1.1\r\nHost: guard\r\nContent-Type: application/json\r\n{extra}\r\n".encode()
 
 
-def _worker_pids(server) -> list[int]:
+def _worker_pids(server, count: int = 2) -> list[int]:
+    """The server's worker processes, once all ``count`` have started (the server answers as
+    soon as one has)."""
     pid = server.process.pid
-    return sorted(int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split())
+    deadline = time.monotonic() + 10
+    while True:
+        pids = sorted(int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split())
+        if len(pids) >= count or time.monotonic() > deadline:
+            return pids
+        time.sleep(0.05)
 
 
 def _raw_tls(server) -> ssl.SSLSocket:

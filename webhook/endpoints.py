@@ -68,24 +68,29 @@ class AdmissionEndpoints:
             return _reply(start_response, 405, error_body(405, "use POST"), [("Allow", "POST")])
         verified = bool(environ.get(CLIENT_VERIFIED))
         if self.require_client_cert and not verified:
-            self.refused(endpoint, 403)
             message = (
                 "a client certificate signed by the configured client CA, with an allowed name, is required"
             )
-            return _reply(start_response, 403, error_body(403, message))
+            return self._refuse(start_response, endpoint, 403, message)
         # Reading is the server's part: a body it cannot frame (a forbidden trailer field) raises
         # the server's own parse error, which it answers 400 and closes the connection on.
         body = self._body(environ)
         if body is None:
-            self.refused(endpoint, 413)
             message = f"request body is larger than the {self.max_body_bytes}-byte limit"
-            return _reply(start_response, 413, error_body(413, message))
+            return self._refuse(start_response, endpoint, 413, message)
         try:
             status, answer = self.answer(endpoint, body, verified)
         except Exception as err:  # still JSON, as every answer of the guard is (Flask did this before)
             log.exception("%s failed", environ.get("PATH_INFO"))
             return _reply(start_response, 500, error_body(500, f"internal error ({type(err).__name__})"))
         return _reply(start_response, status, answer)
+
+    def _refuse(self, start_response: Callable, endpoint: str, code: int, message: str) -> list[bytes]:
+        try:
+            self.refused(endpoint, code)
+        except Exception:  # counting it must not turn the answer into a 500
+            log.exception("counting a %d answer failed", code)
+        return _reply(start_response, code, error_body(code, message))
 
     def _body(self, environ: dict[str, Any]) -> bytes | None:
         """The whole body, or ``None`` when it is over the limit (then drained, up to a point).

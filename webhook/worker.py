@@ -463,10 +463,15 @@ class GuardWorker(ThreadWorker):
             deadline, _, pending = heapq.heappop(self.deadlines)
             if self.pending_requests.get(pending.conn) is not pending or pending.deadline != deadline:
                 continue  # done with, or given a new deadline since
-            if pending.data and not pending.handshake and pending.drain < 0 and pending.then is None:
-                self._reject(pending, 408, "the request did not arrive in time")
-            else:
-                self._drop(pending)
+            try:
+                if pending.data and not pending.handshake and pending.drain < 0 and pending.then is None:
+                    self._reject(pending, 408, "the request did not arrive in time")
+                else:
+                    self._drop(pending)
+            except Exception:  # called from gunicorn's loop itself: nothing else would catch it
+                self.log.exception("closing a connection after an error at its deadline")
+                if self.pending_requests.get(pending.conn) is pending:
+                    self._drop(pending)
 
     def handle_request(self, req, conn: TConn):
         """Answer into a ``Reply``; what the client does not take at once is left to the loop."""
@@ -485,17 +490,28 @@ class GuardWorker(ThreadWorker):
         return keepalive
 
     def finish_request(self, conn: TConn, fs) -> None:
-        """Send the rest of a reply from the loop, then carry on as gunicorn would have."""
+        """Send the rest of a reply from the loop, then carry on as gunicorn would have. Called
+        from the loop's queue of callbacks, outside the guard of ``wait_for_and_dispatch_events``
+        for the connection: an error closes the connection here."""
         self._release_request(conn)
-        unsent, conn.unsent = getattr(conn, "unsent", None), None
-        if not unsent:
-            self._after_reply(conn, fs)
-            return
-        conn.sock.setblocking(False)
-        pending = self._track(conn, self.request_timeout, handshake=False)
-        pending.unsent = unsent
-        pending.then = partial(self._after_reply, conn, fs)
-        self._send(pending)
+        try:
+            unsent, conn.unsent = getattr(conn, "unsent", None), None
+            if not unsent:
+                self._after_reply(conn, fs)
+                return
+            conn.sock.setblocking(False)
+            pending = self._track(conn, self.request_timeout, handshake=False)
+            pending.unsent = unsent
+            pending.then = partial(self._after_reply, conn, fs)
+            self._send(pending)
+        except Exception:
+            self.log.exception("closing a connection after an error finishing its request")
+            pending = self.pending_requests.get(conn)
+            if pending is not None:
+                self._drop(pending)
+            else:
+                self.nr_conns -= 1
+                conn.close()
 
     def _after_reply(self, conn: TConn, fs) -> None:
         """What gunicorn does once a reply is out, except that closing lingers in the loop.
