@@ -79,6 +79,9 @@ _SPARE_DESCRIPTORS = 256
 _OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 _ACCEPT_PAUSE = 0.1  # seconds accepting stops after one of them
 _ACCEPTS_PER_TURN = 16
+# Connections closed at their deadline per turn of the loop: thousands of silent connections
+# opened together expire together, and closing them all at once stalled every other client.
+_EXPIRIES_PER_TURN = 128
 _REFUSAL_LOG_SECONDS = 10.0
 
 INCOMPLETE, COMPLETE, TOO_LARGE, MALFORMED = "incomplete", "complete", "too large", "malformed"
@@ -338,7 +341,9 @@ class GuardWorker(ThreadWorker):
     def wait_for_and_dispatch_events(self, timeout: float) -> None:
         """gunicorn's, except that an error in one connection's callback closes that connection
         and the loop goes on: an exception escaping here ends the worker and every connection
-        it holds."""
+        it holds. Deadlines already passed (more than one turn expires) make the wait zero."""
+        if self.deadlines and self.deadlines[0][0] <= time.monotonic():
+            timeout = 0
         try:
             events = self.poller.select(timeout)
         except OSError as err:
@@ -459,7 +464,9 @@ class GuardWorker(ThreadWorker):
         closed."""
         super().murder_pending()
         now = time.monotonic()
-        while self.deadlines and self.deadlines[0][0] <= now:
+        for _ in range(_EXPIRIES_PER_TURN):
+            if not self.deadlines or self.deadlines[0][0] > now:
+                return
             deadline, _, pending = heapq.heappop(self.deadlines)
             if self.pending_requests.get(pending.conn) is not pending or pending.deadline != deadline:
                 continue  # done with, or given a new deadline since
