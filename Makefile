@@ -52,6 +52,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/snapshot_bench.py
 	$(BIN)/python bench/quantity_bench.py
 	$(BIN)/python bench/slow_clients_bench.py
+	$(BIN)/python bench/idle_connections_bench.py
+	$(BIN)/python bench/memory_bench.py
 	$(BIN)/python bench/check_bench.py
 	$(BIN)/python bench/binding_bench.py
 	$(BIN)/python bench/slow_lease_bench.py

@@ -20,7 +20,7 @@ from webhook.vap import render
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
-OVERLAYS = ("self-signed", "cert-manager", "static-policies", "network-policy")
+OVERLAYS = ("self-signed", "cert-manager", "static-policies", "network-policy", "client-auth")
 KUBERNETES_VERSIONS = ("1.33.0", "1.35.0")
 CRDS = {"cert-manager.io/v1"}  # not in the core schemas
 
@@ -35,6 +35,9 @@ def rendered(tmp_path_factory) -> dict[str, list[dict]]:
     copy = tmp_path_factory.mktemp("deploy") / "deploy"
     shutil.copytree(DEPLOY, copy, ignore=shutil.ignore_patterns("certs"))
     issue("admit-guard", "admit-guard", copy / "overlays" / "self-signed" / "certs")
+    # The CA that signs the API server's client certificate: any CA will do to render.
+    client_ca = issue("front-proxy", "kube-system", copy / "client-ca").directory / "ca.crt"
+    shutil.copy(client_ca, copy / "overlays" / "client-auth" / "client-ca.crt")
     out = {}
     for overlay in OVERLAYS:
         text = subprocess.run(
@@ -344,3 +347,39 @@ def test_dra_allocations_are_checked_fail_open_on_resourceclaim_status_updates_o
         }
     ]
     assert claims["sideEffects"] == "NoneOnDryRun"
+
+
+def test_the_metrics_and_the_reservation_table_have_their_own_size_limited_volumes(rendered):
+    [deployment] = objects(rendered["self-signed"], "Deployment")
+    spec = deployment["spec"]["template"]["spec"]
+    [container] = spec["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    metrics, table = mounts[env["PROMETHEUS_MULTIPROC_DIR"]], mounts["/tmp"]  # serve's table lives in /tmp
+    assert metrics != table
+    for name in (metrics, table):
+        assert volumes[name]["emptyDir"]["sizeLimit"]
+        assert volumes[name]["emptyDir"]["medium"] == "Memory"  # full means ENOSPC, not an eviction
+
+
+def test_the_client_auth_overlay_requires_the_api_servers_certificate(rendered):
+    [deployment] = objects(rendered["client-auth"], "Deployment")
+    spec = deployment["spec"]["template"]["spec"]
+    [container] = spec["containers"]
+    assert "--client-ca=/etc/admit-guard/client-ca/client-ca.crt" in container["args"]
+    assert "--client-cn=kube-apiserver" in container["args"]
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "client-ca")
+    assert mount["mountPath"] == "/etc/admit-guard/client-ca"
+    volume = next(v for v in spec["volumes"] if v["name"] == "client-ca")
+    [config_map] = [c for c in objects(rendered["client-auth"], "ConfigMap") if "client-ca.crt" in c["data"]]
+    assert volume["configMap"]["name"] == config_map["metadata"]["name"]
+    assert config_map["metadata"]["namespace"] == "admit-guard"
+    # The kubelet's probes present no certificate: they stay on paths that need none.
+    assert {
+        container["livenessProbe"]["httpGet"]["path"],
+        container["readinessProbe"]["httpGet"]["path"],
+    } == {
+        "/healthz",
+        "/readyz",
+    }

@@ -175,6 +175,29 @@ def test_malformed_quantity_is_denied_with_the_parse_error_when_failing_closed()
     assert "spec.template.spec.containers[0].resources.requests.cpu" in response["status"]["message"]
 
 
+def _nested_past_the_parsers_limit(review: dict) -> bytes:
+    """The review with 1,100 nested lists in the pod template: orjson reads at most 1,024."""
+    review["request"]["object"]["spec"]["template"]["spec"]["extra"] = "DEEP"
+    return json.dumps(review).encode().replace(b'"DEEP"', b"[" * 1100 + b"]" * 1100)
+
+
+def test_json_nested_past_the_parsers_limit_is_answered_per_fail_open_not_400(client):
+    body = _nested_past_the_parsers_limit(example("good-deployment"))
+    reply = client.post("/validate", data=body, content_type="application/json")
+    assert reply.status_code == 200
+    response = reply.get_json()["response"]
+    assert response["allowed"] is True
+    assert "spec.template.spec.extra[]" in response["warnings"][0] and "nested" in response["warnings"][0]
+    closed = make_client({"failOpen": False}).post("/validate", data=body, content_type="application/json")
+    assert closed.get_json()["response"]["status"]["code"] == 422
+
+
+def test_json_nested_past_the_parsers_limit_cannot_hide_a_pinned_template(client):
+    body = _nested_past_the_parsers_limit(example("incident-1-pinned-deployment"))
+    response = client.post("/validate", data=body, content_type="application/json").get_json()["response"]
+    assert response["allowed"] is False and "PinnedNodeName" in response["status"]["reason"]
+
+
 @pytest.mark.parametrize(
     ("body", "names"),
     [

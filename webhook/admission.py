@@ -18,6 +18,7 @@ from typing import Any, Literal, TypedDict
 import jsonpatch
 import orjson
 
+from . import deep_json
 from .config import Config
 from .engine import Decision, Violation, evaluate
 from .kube.errors import FieldError
@@ -116,6 +117,9 @@ class AdmissionRequest:
     api_version: str = ""
     resource: str = ""
     sub_resource: str = ""
+    # Where the body was nested past the JSON parser's depth limit (that part was cut away):
+    # a field the guard could not read, answered per failOpen.
+    too_deep: str | None = None
 
 
 @dataclass(slots=True)
@@ -154,10 +158,13 @@ class Outcome:
 
 def parse_review(body: bytes) -> AdmissionRequest:
     """Decode and validate an AdmissionReview request body."""
+    too_deep = None
     try:
         review = orjson.loads(body)
     except orjson.JSONDecodeError as err:
-        raise ReviewError(f"body is not JSON: {err}") from None
+        if not deep_json.too_deep(err):
+            raise ReviewError(f"body is not JSON: {err}") from None
+        review, too_deep = _cut_and_load(body)
     if not isinstance(review, dict):
         raise ReviewError("body must be a JSON object (an AdmissionReview)")
     if review.get("apiVersion") != API_VERSION:
@@ -204,7 +211,17 @@ def parse_review(body: bytes) -> AdmissionRequest:
         api_version=api_version,
         resource=_string(resource, "resource", "request.resource.resource"),
         sub_resource=_string(request, "subResource"),
+        too_deep=too_deep,
     )
+
+
+def _cut_and_load(body: bytes) -> tuple[Any, str]:
+    """A body nested past the parser's limit, read with what is too deep cut away."""
+    try:
+        cut, where = deep_json.cut_too_deep(body)
+        return orjson.loads(cut), where
+    except (deep_json.TooComplex, orjson.JSONDecodeError) as err:
+        raise ReviewError(f"body is not JSON the guard can read: nested too deeply ({err})") from None
 
 
 def _kind(request: Mapping[str, Any], obj: Mapping[str, Any] | None) -> tuple[str, str]:
@@ -259,6 +276,7 @@ def review(
             groups=request.groups,
             state_unavailable=state_unavailable,
             now=now,
+            unreadable=_cut_field(request),
         )
         patch = _effective_patch(request.obj, decision.patch) if endpoint == MUTATE else None
     except FieldError as err:
@@ -292,6 +310,14 @@ def review(
 def is_claim_status(request: AdmissionRequest) -> bool:
     """A write of ``resourceclaims/status``: where a scheduler hands out DRA devices."""
     return request.resource == "resourceclaims" and request.sub_resource == "status"
+
+
+def _cut_field(request: AdmissionRequest) -> FieldError | None:
+    """The field cut for depth, as the engine names an unreadable one (from the object)."""
+    if request.too_deep is None:
+        return None
+    where = request.too_deep.removeprefix("request.object.")
+    return FieldError(where, f"nested more than {deep_json.DEPTH_LIMIT} levels deep (not read)")
 
 
 def denial_message(decision: Decision) -> str:

@@ -76,12 +76,26 @@ def _default_settings() -> tuple[Any, ...]:
 
 
 @dataclass(frozen=True, slots=True)
+class ClientAuth:
+    """Who may call the admission paths: clients whose certificate ``ca`` signed, and (when
+    ``common_names`` is not empty) whose subject common name is one of them."""
+
+    ca: str
+    common_names: tuple[str, ...] = ()
+
+    def allows(self, names: tuple[str, ...]) -> bool:
+        """Whether a verified certificate with these subject common names may call."""
+        return not self.common_names or any(name in self.common_names for name in names)
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     excluded_namespaces: tuple[str, ...] = ("kube-system",)
     fail_open: bool = True
     exemptions: tuple[Exemption, ...] = ()
     # Each policy's settings, in ``POLICIES`` order.
     settings: tuple[Any, ...] = field(default_factory=_default_settings)
+    client_auth: ClientAuth | None = None  # serve only; ``--client-ca`` overrides it
 
     def policy(self, name: str) -> Any:
         """The settings of the policy called ``name`` (its config key)."""
@@ -128,7 +142,7 @@ def config_from_dict(data: Any, source: str = "config") -> Config:
 def read_config(reader: Reader, data: Any) -> Config:
     """The config in ``data``, its problems recorded in ``reader`` (a policy test file reads
     its configs into its own reader, so every problem of the file is listed at once)."""
-    top = reader.mapping(data, "", {"excludedNamespaces", "failOpen", "exemptions", "policies"})
+    top = reader.mapping(data, "", {"excludedNamespaces", "failOpen", "exemptions", "policies", "clientAuth"})
     policies = reader.mapping(top.get("policies") or {}, "policies", set(NAMES))
     return Config(
         excluded_namespaces=reader.strings(
@@ -143,6 +157,7 @@ def read_config(reader: Reader, data: Any) -> Config:
             policy.read_settings(reader, _policy(reader, policies, policy.NAME), f"policies.{policy.NAME}")
             for policy in POLICIES
         ),
+        client_auth=_client_auth(reader, top.get("clientAuth")),
     )
 
 
@@ -160,6 +175,19 @@ def _policy(reader: Reader, policies: Mapping[str, Any], name: str) -> Mapping[s
         )
         return {}
     return data
+
+
+def _client_auth(reader: Reader, data: Any) -> ClientAuth | None:
+    if data is None:
+        return None
+    item = reader.mapping(data, "clientAuth", {"ca", "commonNames"})
+    ca = item.get("ca")
+    if not isinstance(ca, str) or not ca:
+        reader.fail(
+            "clientAuth.ca", "must be the path of the CA file that signs the API server's client certificate"
+        )
+        ca = ""
+    return ClientAuth(ca, reader.strings(item.get("commonNames") or [], "clientAuth.commonNames"))
 
 
 def _exemption(reader: Reader, data: Any, where: str) -> Exemption:

@@ -6,6 +6,11 @@ object) cost about 50 µs a request in-process, more than most of the guard's de
 admission call needs none of it. So these two paths are answered here, installed as
 the app's ``wsgi_app`` (Flask's own middleware hook: the test client and gunicorn both go
 through it), and every other path is left to Flask.
+
+With a client CA configured (``serve --client-ca``), only a connection that presented a
+certificate the server verified, with an allowed name, is answered on these paths; any other
+gets 403 before its body is judged. The server says which connection that is through the WSGI
+environ (``CLIENT_VERIFIED``, set by ``worker.with_client_identity``).
 """
 
 from __future__ import annotations
@@ -19,9 +24,11 @@ import orjson
 
 from .admission import MUTATE, VALIDATE
 
-# ``answer(endpoint, body) -> (status, JSON body)``: the decision, whatever the body holds.
-Answer = Callable[[str, bytes], tuple[int, bytes]]
+# ``answer(endpoint, body, verified) -> (status, JSON body)``: the decision, whatever the body
+# holds. ``verified``: the caller presented a verified client certificate with an allowed name.
+Answer = Callable[[str, bytes, bool], tuple[int, bytes]]
 WSGIApp = Callable[[dict[str, Any], Callable], Iterable[bytes]]
+CLIENT_VERIFIED = "admit_guard.client_verified"
 
 log = logging.getLogger(__name__)
 # An unread body makes the socket close with a reset, and the client never sees the 413.
@@ -32,16 +39,25 @@ _STATUS_LINES = {status.value: f"{status.value} {status.phrase}" for status in H
 class AdmissionEndpoints:
     """``POST /validate`` and ``POST /mutate`` answered by ``answer``; the rest by ``app``.
 
-    ``too_large(endpoint)`` is told of each body over ``max_body_bytes`` (answered 413).
+    ``refused(endpoint, code)`` is told of each request answered before its decision: a body
+    over ``max_body_bytes`` (413), a caller without a verified certificate when
+    ``require_client_cert`` (403).
     """
 
     def __init__(
-        self, app: WSGIApp, answer: Answer, max_body_bytes: int, too_large: Callable[[str], None]
+        self,
+        app: WSGIApp,
+        answer: Answer,
+        max_body_bytes: int,
+        refused: Callable[[str, int], None],
+        *,
+        require_client_cert: bool = False,
     ) -> None:
         self.app = app
         self.answer = answer
         self.max_body_bytes = max_body_bytes
-        self.too_large = too_large
+        self.refused = refused
+        self.require_client_cert = require_client_cert
         self.paths = {"/validate": VALIDATE, "/mutate": MUTATE}
 
     def __call__(self, environ: dict[str, Any], start_response: Callable) -> Iterable[bytes]:
@@ -50,17 +66,31 @@ class AdmissionEndpoints:
             return self.app(environ, start_response)
         if environ.get("REQUEST_METHOD") != "POST":
             return _reply(start_response, 405, error_body(405, "use POST"), [("Allow", "POST")])
+        verified = bool(environ.get(CLIENT_VERIFIED))
+        if self.require_client_cert and not verified:
+            message = (
+                "a client certificate signed by the configured client CA, with an allowed name, is required"
+            )
+            return self._refuse(start_response, endpoint, 403, message)
+        # Reading is the server's part: a body it cannot frame (a forbidden trailer field) raises
+        # the server's own parse error, which it answers 400 and closes the connection on.
+        body = self._body(environ)
+        if body is None:
+            message = f"request body is larger than the {self.max_body_bytes}-byte limit"
+            return self._refuse(start_response, endpoint, 413, message)
         try:
-            body = self._body(environ)
-            if body is None:
-                self.too_large(endpoint)
-                message = f"request body is larger than the {self.max_body_bytes}-byte limit"
-                return _reply(start_response, 413, error_body(413, message))
-            status, answer = self.answer(endpoint, body)
+            status, answer = self.answer(endpoint, body, verified)
         except Exception as err:  # still JSON, as every answer of the guard is (Flask did this before)
             log.exception("%s failed", environ.get("PATH_INFO"))
             return _reply(start_response, 500, error_body(500, f"internal error ({type(err).__name__})"))
         return _reply(start_response, status, answer)
+
+    def _refuse(self, start_response: Callable, endpoint: str, code: int, message: str) -> list[bytes]:
+        try:
+            self.refused(endpoint, code)
+        except Exception:  # counting it must not turn the answer into a 500
+            log.exception("counting a %d answer failed", code)
+        return _reply(start_response, code, error_body(code, message))
 
     def _body(self, environ: dict[str, Any]) -> bytes | None:
         """The whole body, or ``None`` when it is over the limit (then drained, up to a point).

@@ -69,6 +69,7 @@ def evaluate(
     groups: tuple[str, ...] = (),
     state_unavailable: str | None = None,
     now: float | None = None,
+    unreadable: FieldError | None = None,
 ) -> Decision:
     """Decide on one object. Raises ``FieldError`` (with the full field path) when the object
     has no readable pod at all; a pod whose fields are unreadable (a malformed quantity) is
@@ -78,6 +79,8 @@ def evaluate(
     ``state_unavailable`` says why live state should have been there but is not usable (not
     yet synced, too old): node checks then answer per ``config.fail_open``. ``now`` (wall-clock
     seconds) is when the storm breakers are asked; without it they are not consulted.
+    ``unreadable``: a part of the object the caller could not read (nested past the JSON
+    parser's limit); the pod's fields then count as unreadable, as for a malformed one.
     Kinds that create no pods, and operations other than CREATE/UPDATE, pass untouched.
     """
     decision = Decision()
@@ -90,7 +93,7 @@ def evaluate(
         return decision
     old_object = old_object if operation == "UPDATE" else None
     old_shape = pod_shape(old_object) if old_object else None
-    review = _review(obj, operation, old_shape, shape, old_object, user)
+    review = _review(obj, operation, old_shape, shape, old_object, user, unreadable)
     patch: list[dict[str, Any]] = []
     context = Context(state, config, state_unavailable, now)
     for policy, index, needs_pod in policies:
@@ -105,7 +108,9 @@ def evaluate(
             if fix:
                 # Later policies judge the object as it will be stored.
                 patch.extend(fix)
-                review = _review(_patched(review.obj, fix), operation, old_shape, None, old_object, user)
+                review = _review(
+                    _patched(review.obj, fix), operation, old_shape, None, old_object, user, unreadable
+                )
     decision.allowed = not decision.violations
     decision.patch = patch or None
     decision.unreadable = review.unreadable if decision.unchecked else None
@@ -142,11 +147,15 @@ def _review(
     shape: PodShape | None,
     old_object: Mapping[str, Any] | None,
     user: str,
+    unreadable: FieldError | None = None,
 ) -> Review:
-    """Build the review; pod-relative field errors get the path inside the whole object."""
+    """Build the review; pod-relative field errors get the path inside the whole object.
+    ``unreadable``: a part the caller could not read, so the pod's fields count as unreadable."""
     shape = shape or pod_shape(obj)
     if shape is None:
         return Review(obj, None, None, operation, old_obj=old_object, user=user)
+    if unreadable is not None:
+        return Review(obj, shape, None, operation, old_shape, unreadable, old_object, user)
     try:
         pod = PodUnderReview.from_shape(shape)
     except FieldError as err:

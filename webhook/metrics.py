@@ -18,7 +18,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
+from . import metric_files
 from .state.source import Readiness
+
+# Before any metric is made: its multi-process files are allocated, never sparse (SIGBUS).
+metric_files.install()
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 _UPDATED = "admit_guard_state_last_update_timestamp_seconds"
@@ -199,6 +203,7 @@ class Metrics:
         registry = CollectorRegistry()
         source = MultiProcessCollector(CollectorRegistry()) if self._registry is None else self._registry
         registry.register(_WithStateAge(source))
+        registry.register(_DegradedFiles())
         return generate_latest(registry)
 
 
@@ -305,6 +310,19 @@ class _WithStateAge:
                 for sample in family.samples:
                     age.add_metric([sample.labels["source"]], max(0.0, time.time() - sample.value))
                 yield age
+
+
+class _DegradedFiles:
+    """``admit_guard_metric_files_degraded``: the scraped worker's metric files that could not
+    grow (a full filesystem), whose samples stopped updating (``metric_files``)."""
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(
+            "admit_guard_metric_files_degraded",
+            "Metric files of the worker answering the scrape that could not be allocated (full "
+            "filesystem): its samples in them stopped updating.",
+            value=metric_files.degraded_files(),
+        )
 
 
 def worker_exited(pid: int) -> None:

@@ -61,6 +61,7 @@ def worker_app(
     max_state_age: float,
     max_body_bytes: int,
     audit_interval: float | None,
+    require_client_cert: bool = False,
 ) -> Callable[[], Any]:
     """The factory each worker calls after the fork. A live ``origin`` gives every worker its
     own informer and Leases; else ``state``, the snapshot loaded before the fork, is shared."""
@@ -96,6 +97,7 @@ def worker_app(
                 bind_guard=BindGuard(config, local, LeaseStore(api, namespace)),
                 storm_probes=probes,
                 allocation_guard=allocations,
+                require_client_cert=require_client_cert,
             )
         return create_app(
             config,
@@ -105,6 +107,7 @@ def worker_app(
             bind_guard=BindGuard(config, local),
             storm_probes=probes,
             allocation_guard=allocations,
+            require_client_cert=require_client_cert,
         )
 
     return app

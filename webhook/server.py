@@ -46,11 +46,14 @@ def create_app(
     bind_guard: BindGuard | None = None,
     storm_probes: SharedProbes | None = None,
     allocation_guard: AllocationGuard | None = None,
+    require_client_cert: bool = False,
 ) -> Flask:
     """Build the webhook app. ``source`` supplies the cluster state and its readiness.
 
     ``audit_interval``: run the node audit on the state every so many seconds (gauges).
     ``storm_probes``: where the storm breakers' probe slots are shared (None: this worker alone).
+    ``require_client_cert``: answer /validate and /mutate only for callers whose client
+    certificate the server verified (``serve --client-ca``); others get 403.
     """
     probes = storm_probes or SharedProbes(None, None, 0.0, 0.0)
     app = Flask("admit_guard")
@@ -65,7 +68,7 @@ def create_app(
             source, config, metrics.audit, audit_interval, source_name
         ).start()
 
-    def answer(endpoint: str, body: bytes) -> tuple[int, bytes]:
+    def answer(endpoint: str, body: bytes, verified: bool) -> tuple[int, bytes]:
         started = time.perf_counter()
         try:
             req = admission.parse_review(body)
@@ -83,7 +86,7 @@ def create_app(
             now = time.time()
             if binding:
                 outcome = (
-                    bind_guard.review(req, source)
+                    bind_guard.review(req, source, verified=verified)
                     if bind_guard is not None and endpoint == VALIDATE
                     else admission.Outcome(req, {"uid": req.uid, "allowed": True})
                 )
@@ -99,9 +102,9 @@ def create_app(
                     with source.reading() as view:  # another probe holds the slot: the breaker denies
                         outcome = admission.review(req, endpoint, view.state, config, view.unavailable, now)
                 if endpoint == VALIDATE and bind_guard is not None:  # round trips: no lock held
-                    outcome = bind_guard.review_created(req, source, outcome, judged)
+                    outcome = bind_guard.review_created(req, source, outcome, judged, verified=verified)
                 if endpoint == VALIDATE and allocation_guard is not None:
-                    outcome = allocation_guard.review(req, source, outcome)
+                    outcome = allocation_guard.review(req, source, outcome, verified=verified)
         except Exception as err:  # a bug must not become a 500 on the path of every pod
             logging.getLogger(__name__).exception("review %s failed", req.uid)
             outcome = admission.unchecked(req, endpoint, f"internal error ({type(err).__name__})", config)
@@ -112,7 +115,11 @@ def create_app(
         return 200, outcome.body()
 
     app.wsgi_app = AdmissionEndpoints(
-        app.wsgi_app, answer, max_body_bytes, lambda endpoint: metrics.count_bad_request(endpoint, 413)
+        app.wsgi_app,
+        answer,
+        max_body_bytes,
+        metrics.count_bad_request,
+        require_client_cert=require_client_cert,
     )
 
     @app.get("/healthz")

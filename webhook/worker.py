@@ -12,17 +12,31 @@ answered 408 and closed; framing the loop cannot trust (a chunk size that is not
 chunk-size line or trailer section over its cap) is answered 400. Pipelined and keep-alive
 requests go through the loop the same way. A thread never waits to write either: what a slow
 reader does not take at once is sent from the loop (``Reply``). Flask and the app are unchanged.
+
+What the loop holds is bounded per worker. A new connection is not even wrapped in TLS until
+its first byte arrives, and one that sends nothing for ``--first-byte-timeout`` is closed; at
+``--worker-connections`` the oldest connection that sent nothing (else one stalled past the
+first-byte timeout, else the oldest idle keep-alive one) is closed to let a new client in, so
+idle sockets cannot lock anyone out. The bytes of requests buffered in the loop or waiting for
+a thread count against ``--max-buffered-bytes``: past it a request is answered 503 with
+``Retry-After``. No error of one connection (a reset before TLS, a failed handshake, an
+``accept`` out of descriptors) ends the worker.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import gc
+import heapq
+import itertools
 import re
+import resource
 import selectors
 import socket
 import ssl
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -30,15 +44,22 @@ from functools import partial
 from gunicorn import http, sock
 from gunicorn.workers.gthread import TConn, ThreadWorker
 
+from .endpoints import CLIENT_VERIFIED
+
 DEFAULT_REQUEST_TIMEOUT = 10.0
+DEFAULT_FIRST_BYTE_TIMEOUT = 3.0
 DEFAULT_MAX_BODY = 3 * 1024 * 1024
+DEFAULT_MAX_BUFFERED = 128 * 1024 * 1024
 MAX_HEAD = 64 * 1024  # request line and headers; gunicorn's own limits are below this
 MAX_CHUNK_LINE = 1024  # a chunk-size line with its extensions
 MAX_TRAILERS = 8 * 1024  # the trailer section after the last chunk: header lines, capped like them
 # A chunk size is hex digits, nothing else (no sign, prefix, underscore or space: ``int(x, 16)``
 # takes all of those, and a negative size would lower the body count under the limit), at most
 # 16 of them; extensions may follow after ";".
-_CHUNK_SIZE = re.compile(rb"([0-9A-Fa-f]{1,16})(?:[ \t]*;.*)?", re.DOTALL)
+_CHUNK_SIZE = re.compile(rb"([0-9A-Fa-f]{1,16})(?:[ \t]*;[^\r\n]*)?")
+# Lines end with CRLF. A bare LF is refused at once: waiting for a CRLF that never comes would
+# hold the connection until its deadline and answer 408 for what is a malformed request.
+_BARE_LF = re.compile(rb"(?<!\r)\n")
 # After a 413 the rest of the body is read and dropped (up to this much), or the client, still
 # sending, would meet a reset instead of the answer.
 DRAIN_LIMIT = 16 * 1024 * 1024
@@ -51,7 +72,20 @@ _READ_SIZE = 256 * 1024
 # sending tiny records as fast as the loop reads them would otherwise never let it go.
 _READS_PER_TURN = 64
 
+# Descriptors a worker needs besides its connections: listeners, poller, pipes, log, metric
+# and reservation table files, the informer's connections.
+_SPARE_DESCRIPTORS = 256
+# accept() errors that mean "no room for another descriptor or socket buffer right now".
+_OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+_ACCEPT_PAUSE = 0.1  # seconds accepting stops after one of them
+_ACCEPTS_PER_TURN = 16
+# Connections closed at their deadline per turn of the loop: thousands of silent connections
+# opened together expire together, and closing them all at once stalled every other client.
+_EXPIRIES_PER_TURN = 128
+_REFUSAL_LOG_SECONDS = 10.0
+
 INCOMPLETE, COMPLETE, TOO_LARGE, MALFORMED = "incomplete", "complete", "too large", "malformed"
+BARE_LF = -2  # what ``RequestFraming._find`` answers for a line ending in a bare LF
 
 
 @dataclass(slots=True)
@@ -74,11 +108,12 @@ class RequestFraming:
     body: int = 0  # chunked: bytes of body seen so far
     last_chunk: bool = False  # chunked: only the trailer section is left
     end: int = -1  # where the request ends, once known
+    expects_continue: bool = False  # HTTP/1.1 with ``Expect: 100-continue``
 
     def progress(self, data: bytearray) -> str:
         if self.head_end < 0:
             at = self._find(data, b"\r\n\r\n")
-            if self._over(data, at, MAX_HEAD):
+            if at == BARE_LF or self._over(data, at, MAX_HEAD):
                 return MALFORMED
             if at < 0:
                 return INCOMPLETE
@@ -92,8 +127,12 @@ class RequestFraming:
         return COMPLETE if len(data) >= self.end else INCOMPLETE
 
     def _find(self, data: bytearray, terminator: bytes) -> int:
-        """Where ``terminator`` first occurs from ``scan`` on, searching only bytes not searched yet."""
-        at = data.find(terminator, max(self.scan, self.searched - len(terminator) + 1))
+        """Where ``terminator`` first occurs from ``scan`` on, searching only bytes not searched
+        yet; ``BARE_LF`` when a line before it ends in a bare LF."""
+        start = max(self.scan, self.searched - len(terminator) + 1)
+        at = data.find(terminator, start)
+        if _BARE_LF.search(data, start, len(data) if at < 0 else at):
+            return BARE_LF
         self.searched = len(data) if at < 0 else at
         return at
 
@@ -102,9 +141,13 @@ class RequestFraming:
         return (at if at >= 0 else len(data)) - self.scan > limit
 
     def _read_head(self, head: bytes) -> str | None:
-        for line in head.split(b"\r\n")[1:]:
+        lines = head.split(b"\r\n")
+        http11 = lines[0].endswith(b" HTTP/1.1")  # HTTP/1.0 ignores the expectation (RFC 9110)
+        for line in lines[1:]:
             name, _, value = line.partition(b":")
             name = name.strip().lower()
+            if name == b"expect" and http11:
+                self.expects_continue = value.strip().lower() == b"100-continue"
             if name == b"content-length":
                 try:
                     self.length = int(value.strip())
@@ -121,7 +164,7 @@ class RequestFraming:
     def _chunks(self, data: bytearray) -> str:
         while not self.last_chunk:
             line_end = self._find(data, b"\r\n")
-            if self._over(data, line_end, MAX_CHUNK_LINE):
+            if line_end == BARE_LF or self._over(data, line_end, MAX_CHUNK_LINE):
                 return MALFORMED
             if line_end < 0:
                 return INCOMPLETE
@@ -145,7 +188,7 @@ class RequestFraming:
             self.body += size
             self.scan = self.searched = chunk_end
         at = self._find(data, b"\r\n\r\n")
-        if self._over(data, at, MAX_TRAILERS):
+        if at == BARE_LF or self._over(data, at, MAX_TRAILERS):
             return MALFORMED
         if at < 0:
             return INCOMPLETE
@@ -154,6 +197,13 @@ class RequestFraming:
 
 
 _WOULD_BLOCK = (ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError, InterruptedError)
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_REASONS = {
+    400: "Bad Request",
+    408: "Request Timeout",
+    413: "Content Too Large",
+    503: "Service Unavailable",
+}
 
 
 def _waiting_for(err: Exception, otherwise: int = selectors.EVENT_READ) -> int:
@@ -176,12 +226,16 @@ class Reply:
     threads, pipelining requests and never reading, would stop every decision for that long;
     in the loop such a client holds a registered socket, not a thread. The responses are small
     JSON documents and metrics, so holding one whole costs little.
+
+    ``client_verified``: the connection presented a client certificate the server verified
+    (and whose name is allowed); the app reads it from the WSGI environ (``CLIENT_VERIFIED``).
     """
 
-    def __init__(self, sock) -> None:
+    def __init__(self, sock, client_verified: bool = False) -> None:
         self._sock = sock
         self._out = bytearray()
         self.rest = memoryview(b"")
+        self.client_verified = client_verified
 
     def sendall(self, data) -> None:
         self._out += data
@@ -203,6 +257,17 @@ class Reply:
         return getattr(self._sock, name)
 
 
+def with_client_identity(app):
+    """WSGI middleware: ``environ[CLIENT_VERIFIED]`` from the connection the request came on."""
+
+    def wsgi(environ, start_response):
+        reply = environ.get("gunicorn.socket")
+        environ[CLIENT_VERIFIED] = isinstance(reply, Reply) and reply.client_verified
+        return app(environ, start_response)
+
+    return wsgi
+
+
 @dataclass(slots=True)
 class _Pending:
     """A connection the loop works on: its request is still arriving, or its reply leaving."""
@@ -211,7 +276,11 @@ class _Pending:
     deadline: float
     framing: RequestFraming
     handshake: bool
+    started: float = 0.0  # monotonic: when this step (first byte, request, reply) began
+    silent: bool = False  # accepted, and not a byte received yet: not wrapped in TLS either
     data: bytearray = field(default_factory=bytearray)
+    held: int = 0  # bytes of ``data`` counted against the worker's buffer budget
+    continued: bool = False  # ``100 Continue`` sent
     events: int = 0  # what the poller watches for it (0: not registered)
     drain: int = -1  # answered already: bytes still to read and drop before closing
     unsent: memoryview | None = None  # the rest of a reply the client is slow to take
@@ -222,23 +291,162 @@ class GuardWorker(ThreadWorker):
     """``gthread`` with the TLS handshake and the request read in the event loop."""
 
     def init_process(self) -> None:
-        self.pending_requests: dict[TConn, _Pending] = {}
-        self.request_timeout = float(getattr(self.app, "request_timeout", DEFAULT_REQUEST_TIMEOUT))
-        self.max_body = int(getattr(self.app, "max_body_bytes", DEFAULT_MAX_BODY))
+        self.init_loop()
+        self._fit_descriptor_limit()
         super().init_process()
 
-    def accept(self, listener) -> None:
+    def init_loop(self) -> None:
+        """The loop's own state, and its settings from the application (``GuardServer``)."""
+        self.pending_requests: OrderedDict[TConn, _Pending] = OrderedDict()  # oldest first
+        self.silent: OrderedDict[TConn, _Pending] = OrderedDict()  # no byte yet; oldest first
+        self.deadlines: list[tuple[float, int, _Pending]] = []  # a heap; stale entries skipped
+        self._sequence = itertools.count()
+        self.buffered = 0  # request bytes held in the loop or waiting for a thread
+        self._accept_paused_until = 0.0
+        self._refused, self._refusal_logged = 0, float("-inf")
+        app = self.app
+        self.request_timeout = float(getattr(app, "request_timeout", DEFAULT_REQUEST_TIMEOUT))
+        self.first_byte_timeout = min(
+            float(getattr(app, "first_byte_timeout", DEFAULT_FIRST_BYTE_TIMEOUT)), self.request_timeout
+        )
+        self.max_body = int(getattr(app, "max_body_bytes", DEFAULT_MAX_BODY))
+        self.max_buffered = int(getattr(app, "max_buffered_bytes", DEFAULT_MAX_BUFFERED))
+        self.client_auth = getattr(app, "client_auth", None)
+
+    def load_wsgi(self) -> None:
+        super().load_wsgi()
+        self.wsgi = with_client_identity(self.wsgi)
+        gc.freeze()  # the app, once built, is never garbage: full collections need not scan it
+
+    def _fit_descriptor_limit(self) -> None:
+        """Raise the soft descriptor limit to what ``worker_connections`` needs (up to the hard
+        limit), or lower the connection limit to what the descriptors allow: ``accept`` failing
+        with EMFILE under load is worse than a limit known in advance."""
+        needed = self.worker_connections + _SPARE_DESCRIPTORS
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY and soft < needed:
+            raised = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+            with contextlib.suppress(ValueError, OSError):
+                resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+                soft = raised
+        if soft != resource.RLIM_INFINITY and soft < needed:
+            self.worker_connections = max(16, soft - _SPARE_DESCRIPTORS)
+            self.max_keepalived = self.worker_connections - self.cfg.threads
+            self.log.warning(
+                "open files limited to %d: at most %d connections per worker", soft, self.worker_connections
+            )
+
+    # -- the event loop: no connection's error may end it ------------------------------------
+
+    def wait_for_and_dispatch_events(self, timeout: float) -> None:
+        """gunicorn's, except that an error in one connection's callback closes that connection
+        and the loop goes on: an exception escaping here ends the worker and every connection
+        it holds. Deadlines already passed (more than one turn expires) make the wait zero."""
+        if self.deadlines and self.deadlines[0][0] <= time.monotonic():
+            timeout = 0
         try:
-            client, address = listener.accept()
+            events = self.poller.select(timeout)
         except OSError as err:
-            if err.errno not in (errno.EAGAIN, errno.ECONNABORTED, errno.EWOULDBLOCK):
+            if err.errno != errno.EINTR:
                 raise
             return
+        for key, _ in events:
+            try:
+                key.data(key.fileobj)
+            except Exception:
+                self.log.exception("closing a connection after an error in the event loop")
+                self._abandon(key)
+
+    def _abandon(self, key: selectors.SelectorKey) -> None:
+        """Close the connection behind a poller callback that failed (never a listener)."""
+        callback = key.data
+        target = callback.args[0] if isinstance(callback, partial) and callback.args else None
+        if isinstance(target, _Pending):
+            self._drop(target)
+        elif isinstance(target, TConn):
+            with contextlib.suppress(KeyError, ValueError, OSError):
+                self.poller.unregister(key.fileobj)
+            if target in self.keepalived_conns:
+                self.keepalived_conns.remove(target)
+            self.nr_conns -= 1
+            target.close()
+
+    def set_accept_enabled(self, enabled: bool) -> None:
+        """Accepting stays off for a moment after the process ran out of descriptors."""
+        if enabled and time.monotonic() < self._accept_paused_until:
+            enabled = False
+        super().set_accept_enabled(enabled)
+
+    def accept(self, listener) -> None:
+        """Take new connections (a few per turn: under a flood of them, one per turn of the loop
+        made the loop's own work the cost), but neither wrap them in TLS nor count on them
+        before their first byte."""
+        for _ in range(_ACCEPTS_PER_TURN):
+            if self.nr_conns >= self.worker_connections:
+                return  # nothing left to close for room: the loop stops accepting
+            try:
+                client, address = listener.accept()
+            except OSError as err:
+                if err.errno in _OUT_OF_RESOURCES:
+                    self._out_of_descriptors(err)
+                    return
+                if isinstance(err, BlockingIOError | InterruptedError):
+                    return
+                continue  # ECONNABORTED and the like: that client is gone; the worker is not
+            self._take(client, address, listener)
+
+    def _take(self, client: socket.socket, address, listener) -> None:
         self.nr_conns += 1
-        conn = TConn(self.cfg, client, address, listener.getsockname())  # non-blocking
-        if self.cfg.is_ssl:
-            conn.sock = sock.ssl_wrap_socket(client, self.cfg)  # the handshake happens in _advance
-        self._start(conn, handshake=self.cfg.is_ssl)
+        try:
+            conn = TConn(self.cfg, client, address, listener.getsockname())  # non-blocking
+        except OSError:
+            self.nr_conns -= 1
+            client.close()
+            return
+        conn.client_verified = False
+        self._make_room()
+        now = time.monotonic()
+        pending = _Pending(
+            conn, now + self.first_byte_timeout, RequestFraming(self.max_body), False, now, silent=True
+        )
+        self.pending_requests[conn] = pending
+        self.silent[conn] = pending
+        self._arm(pending)
+        self._watch(pending, selectors.EVENT_READ)
+
+    def _out_of_descriptors(self, err: OSError) -> None:
+        """Make room by closing an idle connection; with none to close, stop accepting briefly
+        (the listener stays readable, and retrying at once would spin)."""
+        if self._evict_one():
+            return
+        self.log.warning("cannot accept a connection (%s): pausing accept for %.1f s", err, _ACCEPT_PAUSE)
+        self._accept_paused_until = time.monotonic() + _ACCEPT_PAUSE
+        self.set_accept_enabled(False)
+
+    def _make_room(self) -> None:
+        """At the connection limit, close an idle connection so the new one is served."""
+        while self.nr_conns >= self.worker_connections and self._evict_one():
+            pass
+
+    def _evict_one(self) -> bool:
+        """Close the oldest connection that sent nothing; else the oldest one stalled past the
+        first-byte timeout; else the oldest idle keep-alive one. False when there is none."""
+        if self.silent:
+            self._drop(next(iter(self.silent.values())))
+            return True
+        if self.pending_requests:
+            oldest = next(iter(self.pending_requests.values()))
+            if oldest.started <= time.monotonic() - self.first_byte_timeout:
+                self._drop(oldest)
+                return True
+        if self.keepalived_conns:
+            conn = self.keepalived_conns.popleft()
+            with contextlib.suppress(KeyError, ValueError, OSError):
+                self.poller.unregister(conn.sock)
+            self.nr_conns -= 1
+            conn.close()
+            return True
+        return False
 
     def enqueue_req(self, conn: TConn) -> None:
         """Every request goes through the loop first: keep-alive and pipelined ones too."""
@@ -251,21 +459,35 @@ class GuardWorker(ThreadWorker):
         self._start(conn, handshake=False)
 
     def murder_pending(self) -> None:
-        """A request that missed its deadline is answered 408; a handshake, a drain or a reply
-        that missed it is closed."""
+        """A connection that sent nothing by the first-byte timeout is closed; a request that
+        missed its deadline is answered 408; a handshake, a drain or a reply that missed it is
+        closed."""
         super().murder_pending()
         now = time.monotonic()
-        for pending in [p for p in self.pending_requests.values() if p.deadline <= now]:
-            if pending.data and not pending.handshake and pending.drain < 0 and pending.then is None:
-                self._reject(pending, 408, "the request did not arrive in time")
-            else:
-                self._drop(pending)
+        for _ in range(_EXPIRIES_PER_TURN):
+            if not self.deadlines or self.deadlines[0][0] > now:
+                return
+            deadline, _, pending = heapq.heappop(self.deadlines)
+            if self.pending_requests.get(pending.conn) is not pending or pending.deadline != deadline:
+                continue  # done with, or given a new deadline since
+            try:
+                if pending.data and not pending.handshake and pending.drain < 0 and pending.then is None:
+                    self._reject(pending, 408, "the request did not arrive in time")
+                else:
+                    self._drop(pending)
+            except Exception:  # called from gunicorn's loop itself: nothing else would catch it
+                self.log.exception("closing a connection after an error at its deadline")
+                if self.pending_requests.get(pending.conn) is pending:
+                    self._drop(pending)
 
     def handle_request(self, req, conn: TConn):
         """Answer into a ``Reply``; what the client does not take at once is left to the loop."""
         sock = conn.sock
         sock.settimeout(self.request_timeout)  # bounds what else a thread sends (an error page)
-        conn.sock = reply = Reply(sock)
+        conn.sock = reply = Reply(sock, getattr(conn, "client_verified", False))
+        # The loop answered ``Expect: 100-continue`` before reading the body (or had the body
+        # already): a second interim response from gunicorn, now, would come after the body.
+        req._expected_100_continue = False
         try:
             keepalive = super().handle_request(req, conn)
         finally:
@@ -275,22 +497,28 @@ class GuardWorker(ThreadWorker):
         return keepalive
 
     def finish_request(self, conn: TConn, fs) -> None:
-        """Send the rest of a reply from the loop, then carry on as gunicorn would have."""
-        unsent, conn.unsent = getattr(conn, "unsent", None), None
-        if not unsent:
-            self._after_reply(conn, fs)
-            return
-        conn.sock.setblocking(False)
-        pending = _Pending(
-            conn,
-            time.monotonic() + self.request_timeout,
-            RequestFraming(self.max_body),
-            handshake=False,
-            unsent=unsent,
-            then=partial(self._after_reply, conn, fs),
-        )
-        self.pending_requests[conn] = pending
-        self._send(pending)
+        """Send the rest of a reply from the loop, then carry on as gunicorn would have. Called
+        from the loop's queue of callbacks, outside the guard of ``wait_for_and_dispatch_events``
+        for the connection: an error closes the connection here."""
+        self._release_request(conn)
+        try:
+            unsent, conn.unsent = getattr(conn, "unsent", None), None
+            if not unsent:
+                self._after_reply(conn, fs)
+                return
+            conn.sock.setblocking(False)
+            pending = self._track(conn, self.request_timeout, handshake=False)
+            pending.unsent = unsent
+            pending.then = partial(self._after_reply, conn, fs)
+            self._send(pending)
+        except Exception:
+            self.log.exception("closing a connection after an error finishing its request")
+            pending = self.pending_requests.get(conn)
+            if pending is not None:
+                self._drop(pending)
+            else:
+                self.nr_conns -= 1
+                conn.close()
 
     def _after_reply(self, conn: TConn, fs) -> None:
         """What gunicorn does once a reply is out, except that closing lingers in the loop.
@@ -309,29 +537,52 @@ class GuardWorker(ThreadWorker):
             self.nr_conns -= 1
             conn.close()
             return
-        pending = _Pending(
-            conn,
-            time.monotonic() + LINGER_SECONDS,
-            RequestFraming(self.max_body),
-            handshake=False,
-            drain=LINGER_LIMIT,
-        )
-        self.pending_requests[conn] = pending
+        pending = self._track(conn, LINGER_SECONDS, handshake=False)
+        pending.drain = LINGER_LIMIT
         self._drain(pending)
 
     # -- one request at a time, in the loop -----------------------------------------------
 
+    def _track(self, conn: TConn, timeout: float, *, handshake: bool, data: bytes = b"") -> _Pending:
+        """A new step for ``conn`` in the loop, due in ``timeout`` seconds."""
+        now = time.monotonic()
+        pending = _Pending(
+            conn, now + timeout, RequestFraming(self.max_body), handshake, now, data=bytearray(data)
+        )
+        self._hold(pending, len(data))
+        self.pending_requests[conn] = pending
+        self._arm(pending)
+        return pending
+
+    def _arm(self, pending: _Pending) -> None:
+        heapq.heappush(self.deadlines, (pending.deadline, next(self._sequence), pending))
+
     def _start(self, conn: TConn, *, handshake: bool, data: bytes = b"") -> None:
         conn.sock.setblocking(False)
-        pending = _Pending(
-            conn,
-            time.monotonic() + self.request_timeout,
-            RequestFraming(self.max_body),
-            handshake,
-            bytearray(data),
-        )
-        self.pending_requests[conn] = pending
-        self._advance(pending)
+        self._advance(self._track(conn, self.request_timeout, handshake=handshake, data=data))
+
+    def _wake(self, pending: _Pending) -> bool:
+        """The first byte of a new connection arrived: wrap it in TLS, under the request deadline
+        (counted from the accept). False when the connection is gone."""
+        conn = pending.conn
+        pending.silent = False
+        self.silent.pop(conn, None)
+        pending.deadline = pending.started + self.request_timeout
+        self._arm(pending)
+        if not self.cfg.is_ssl:
+            return True
+        with contextlib.suppress(KeyError, ValueError, OSError):
+            self.poller.unregister(conn.sock)  # the TLS socket replaces it (same descriptor)
+        pending.events = 0
+        try:
+            # Wrapping reads from the socket when it is not connected: a reset surfaces here.
+            conn.sock = sock.ssl_wrap_socket(conn.sock, self.cfg)
+        except (OSError, ValueError) as err:
+            self.log.debug("connection from %s lost before TLS: %s", conn.client, err)
+            self._drop(pending)
+            return False
+        pending.handshake = True
+        return True
 
     def _advance(self, pending: _Pending, _fileobj=None) -> None:
         if pending.then is not None:
@@ -340,23 +591,34 @@ class GuardWorker(ThreadWorker):
         if pending.drain >= 0:
             self._drain(pending)
             return
+        if pending.silent and not self._wake(pending):
+            return
         conn = pending.conn
         try:
             if pending.handshake:
                 conn.sock.do_handshake()
                 pending.handshake = False
+                conn.client_verified = self._client_verified(conn.sock)
             verdict = pending.framing.progress(pending.data) if pending.data else INCOMPLETE
             reads = 0
             while verdict == INCOMPLETE:
+                wants_continue = pending.framing.expects_continue and not pending.continued
+                if wants_continue and not self._continue(pending):
+                    return
                 if reads == _READS_PER_TURN:
                     self._watch(pending, selectors.EVENT_READ)
                     return
+                room = self.max_buffered - self.buffered
+                if room <= 0:
+                    self._over_budget(pending)
+                    return
                 reads += 1
-                chunk = conn.sock.recv(_READ_SIZE)
+                chunk = conn.sock.recv(min(_READ_SIZE, room))
                 if not chunk:
                     self._drop(pending)  # the client went away
                     return
                 pending.data += chunk
+                self._hold(pending, len(chunk))
                 verdict = pending.framing.progress(pending.data)
         except _WOULD_BLOCK as err:
             self._watch(pending, _waiting_for(err))
@@ -375,6 +637,59 @@ class GuardWorker(ThreadWorker):
             self._reject(pending, 413, f"request body is larger than the {self.max_body}-byte limit")
         else:
             self._reject(pending, 400, "malformed HTTP request framing")
+
+    def _client_verified(self, tls) -> bool:
+        """Whether the peer's certificate was verified against the client CA and its name is
+        allowed. With no client CA configured, nothing is verified."""
+        if self.client_auth is None:
+            return False
+        try:
+            certificate = tls.getpeercert()
+        except (OSError, ValueError):
+            return False
+        return bool(certificate) and self.client_auth.allows(_common_names(certificate))
+
+    def _continue(self, pending: _Pending) -> bool:
+        """``Expect: 100-continue``: the interim answer, or 503 at once when the declared body
+        cannot fit the buffer budget. False when the connection was answered."""
+        pending.continued = True
+        declared = pending.framing.length or 0
+        if declared > self.max_buffered - self.buffered:
+            self._over_budget(pending)
+            return False
+        # Sent only while the request is incomplete: the first write on the connection, so the
+        # socket buffer is empty and takes it; a would-block leaves the client to its own timer.
+        with contextlib.suppress(*_WOULD_BLOCK):
+            pending.conn.sock.send(_CONTINUE)
+        return True
+
+    def _over_budget(self, pending: _Pending) -> None:
+        """503: the worker holds ``max_buffered`` bytes of requests. Logged at most every
+        ``_REFUSAL_LOG_SECONDS``, with the count: a flood must not become a flood of log lines."""
+        self._refused += 1
+        now = time.monotonic()
+        if now >= self._refusal_logged + _REFUSAL_LOG_SECONDS:
+            self.log.warning(
+                "%d request(s) answered 503: %d bytes of requests buffered (--max-buffered-bytes %d)",
+                self._refused,
+                self.buffered,
+                self.max_buffered,
+            )
+            self._refused, self._refusal_logged = 0, now
+        self._reject(pending, 503, "the server is buffering too many requests; retry shortly")
+
+    def _hold(self, pending: _Pending, size: int) -> None:
+        pending.held += size
+        self.buffered += size
+
+    def _release(self, pending: _Pending) -> None:
+        self.buffered -= pending.held
+        pending.held = 0
+
+    def _release_request(self, conn: TConn) -> None:
+        """A thread is done with the request handed to it: its bytes no longer count."""
+        self.buffered -= getattr(conn, "held", 0)
+        conn.held = 0
 
     def _send(self, pending: _Pending) -> None:
         try:
@@ -398,41 +713,47 @@ class GuardWorker(ThreadWorker):
         pending.events = events
 
     def _forget(self, pending: _Pending) -> None:
-        self.pending_requests.pop(pending.conn, None)
+        if self.pending_requests.get(pending.conn) is pending:
+            del self.pending_requests[pending.conn]
+        if self.silent.get(pending.conn) is pending:
+            del self.silent[pending.conn]
         if pending.events:
             with contextlib.suppress(KeyError, ValueError, OSError):
                 self.poller.unregister(pending.conn.sock)
             pending.events = 0
 
     def _submit(self, pending: _Pending) -> None:
-        """Hand the whole request, already buffered, to a pool thread."""
+        """Hand the whole request, already buffered, to a pool thread. Its bytes stay counted
+        until the thread is done with it (``finish_request``)."""
         self._forget(pending)
         conn = pending.conn
         if conn.parser is None:
             conn.parser = http.get_parser(self.cfg, conn.sock, conn.client)
             conn.initialized = True
         conn.parser.unreader.unread(bytes(pending.data))
+        conn.held, pending.held = pending.held, 0
         conn.data_ready = True
         super().enqueue_req(conn)
 
     def _reject(self, pending: _Pending, code: int, message: str) -> None:
         """Answer from the loop, then drop what the client still sends, then close."""
+        self._release(pending)
+        pending.data = bytearray()
         body = b'{"error": "%s", "code": %d}' % (message.encode(), code)
-        reason = {400: "Bad Request", 408: "Request Timeout", 413: "Content Too Large"}[code]
+        retry = "Retry-After: 1\r\n" if code == 503 else ""
         head = (
-            f"HTTP/1.1 {code} {reason}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+            f"HTTP/1.1 {code} {_REASONS[code]}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n{retry}Connection: close\r\n\r\n"
         )
         try:
             pending.conn.sock.send(head.encode() + body)  # small: fits the socket buffer
-        except (OSError, ssl.SSLError):
+        except OSError:  # ssl.SSLError too
             self._drop(pending)
             return
         if code == 408:
             self._drop(pending)
             return
         pending.drain = DRAIN_LIMIT
-        pending.data = bytearray()
         self._drain(pending)
 
     def _drain(self, pending: _Pending) -> None:
@@ -448,11 +769,17 @@ class GuardWorker(ThreadWorker):
         except _WOULD_BLOCK as err:
             self._watch(pending, _waiting_for(err))
             return
-        except (OSError, ssl.SSLError):
+        except OSError:  # ssl.SSLError too
             pass
         self._drop(pending)
 
     def _drop(self, pending: _Pending) -> None:
         self._forget(pending)
+        self._release(pending)
         self.nr_conns -= 1
         pending.conn.close()
+
+
+def _common_names(certificate: dict) -> tuple[str, ...]:
+    """The subject's common names, from ``SSLSocket.getpeercert()``."""
+    return tuple(value for rdn in certificate.get("subject", ()) for key, value in rdn if key == "commonName")

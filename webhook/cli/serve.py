@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -15,6 +16,9 @@ from .options import (
     reading_cluster,
     state_origin,
 )
+
+if TYPE_CHECKING:
+    from ..config import ClientAuth, Config
 
 
 @click.command()
@@ -40,6 +44,39 @@ from .options import (
     show_default=True,
     help="Seconds a client has to complete the TLS handshake and send a whole request (else 408).",
 )
+@click.option(
+    "--first-byte-timeout",
+    type=click.FloatRange(0.1),
+    default=3.0,
+    show_default=True,
+    help="Seconds a new connection may stay silent before it is closed (at most --request-timeout).",
+)
+@click.option(
+    "--worker-connections",
+    type=click.IntRange(16),
+    default=4096,
+    show_default=True,
+    help="Open connections per worker; at the limit the oldest idle one is closed for a new client.",
+)
+@click.option(
+    "--max-buffered-bytes",
+    type=click.IntRange(64 * 1024),
+    help="Request bytes a worker buffers at once, past which requests get 503 with Retry-After "
+    "(default: a quarter of the container's memory limit split across the workers, else 128 MiB).",
+)
+@click.option(
+    "--client-ca",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="CA file: /validate and /mutate answer only clients with a certificate it signed "
+    "(403 otherwise). Overrides clientAuth.ca in --config.",
+)
+@click.option(
+    "--client-cn",
+    "client_cns",
+    multiple=True,
+    help="Allowed common name of a client certificate (repeatable; default: any the CA signed). "
+    "Overrides clientAuth.commonNames.",
+)
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info")
 @click.option(
     "--max-state-age",
@@ -63,6 +100,11 @@ def serve(
     threads,
     max_body_bytes,
     request_timeout,
+    first_byte_timeout,
+    worker_connections,
+    max_buffered_bytes,
+    client_ca,
+    client_cns,
     log_level,
     max_state_age,
     audit_interval,
@@ -83,6 +125,7 @@ def serve(
                 f"{cert_dir / name}: missing; create it with 'admit-guard certs --out {cert_dir}'"
             )
     config = load_config(config_path)
+    client_auth = _client_auth(config, client_ca, client_cns)
     origin = state_origin(cluster, kubeconfig, context)
     with reading_cluster():
         if origin.live:
@@ -97,6 +140,7 @@ def serve(
         max_state_age=max_state_age,
         max_body_bytes=max_body_bytes,
         audit_interval=audit_interval,
+        require_client_cert=client_auth is not None,
     )
     # Imported only now: the metrics client picks its multi-process mode at import time.
     from ..server import log_decisions_to_stderr, log_events_to_stderr
@@ -109,8 +153,33 @@ def serve(
         threads=threads,
         log_level=log_level,
         request_timeout=request_timeout,
+        first_byte_timeout=min(first_byte_timeout, request_timeout),
         max_body_bytes=max_body_bytes,
+        max_buffered_bytes=max_buffered_bytes,
+        worker_connections=worker_connections,
+        client_auth=client_auth,
     )
     log_decisions_to_stderr()
     log_events_to_stderr(log_level)
     GuardServer(app, options).run()
+
+
+def _client_auth(config: Config, client_ca: Path | None, client_cns: tuple[str, ...]) -> ClientAuth | None:
+    """Who may call the admission paths: the flags over the config file's ``clientAuth``. The CA
+    file must load now: a typo would otherwise fail every worker's first handshake."""
+    import ssl
+
+    from ..config import ClientAuth
+
+    configured = config.client_auth
+    ca = str(client_ca) if client_ca is not None else (configured.ca if configured else None)
+    if ca is None:
+        if client_cns:
+            raise InputError("--client-cn needs a client CA (--client-ca or clientAuth.ca in --config)")
+        return None
+    names = tuple(client_cns) or (configured.common_names if configured else ())
+    try:
+        ssl.create_default_context(cafile=ca)
+    except (OSError, ssl.SSLError) as err:
+        raise InputError(f"{ca}: cannot load the client CA: {err}") from None
+    return ClientAuth(ca, names)

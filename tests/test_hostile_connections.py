@@ -1,0 +1,241 @@
+"""Connections that try to exhaust a worker: resets before TLS, silent sockets by the thousand,
+more buffered bodies than memory holds, and requests framed to confuse the loop.
+
+Each attack here ended a worker, locked clients out or answered wrongly before: no connection's
+error may end a worker; a silent connection is closed at the first-byte timeout; at the
+connection limit the oldest idle connection makes room for a new client; the request bytes a
+worker buffers are capped (503 with Retry-After past the cap); malformed framing gets 400 at
+once, and ``Expect: 100-continue`` its interim answer before the body is sent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import selectors
+import socket
+import ssl
+import struct
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from tests.live_server import live_server, post_json
+from webhook.worker import GuardWorker
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+REVIEW = (EXAMPLES / "admission" / "good-deployment.json").read_bytes()
+
+
+def _head(extra: str) -> bytes:
+    return f"POST /validate HTTP/1.1\r\nHost: guard\r\nContent-Type: application/json\r\n{extra}\r\n".encode()
+
+
+def _worker_pids(server, count: int = 2) -> list[int]:
+    """The server's worker processes, once all ``count`` have started (the server answers as
+    soon as one has)."""
+    pid = server.process.pid
+    deadline = time.monotonic() + 10
+    while True:
+        pids = sorted(int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split())
+        if len(pids) >= count or time.monotonic() > deadline:
+            return pids
+        time.sleep(0.05)
+
+
+def _raw_tls(server) -> ssl.SSLSocket:
+    raw = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    return server.tls_context().wrap_socket(raw, server_hostname="localhost")
+
+
+def _reply(conn, limit: float = 10.0) -> bytes:
+    """Everything the server sends until it closes or a whole JSON answer has arrived."""
+    conn.settimeout(limit)
+    data = b""
+    with contextlib.suppress(OSError):
+        while not (b"\r\n\r\n" in data and data.rstrip().endswith(b"}")):
+            chunk = conn.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    return data
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("hostile")
+    with live_server(
+        workdir,
+        "--cluster", str(EXAMPLES / "cluster"), "--request-timeout", "10", "--first-byte-timeout", "1",
+        workers=2, threads=2,
+    ) as s:  # fmt: skip
+        yield s
+
+
+def test_clients_that_reset_before_tls_do_not_end_a_worker(server):
+    before = _worker_pids(server)
+    for _ in range(25):
+        client = socket.socket()
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        client.connect(("127.0.0.1", server.port))
+        client.close()  # a reset, before a single byte
+    time.sleep(0.5)  # every worker has accepted its share
+    conn = server.connect()
+    status, reply = post_json(conn, "/validate", REVIEW)
+    conn.close()
+    assert status == 200 and reply["response"]["allowed"] is True
+    assert _worker_pids(server) == before  # no worker died and was replaced
+
+
+def test_a_connection_that_sends_nothing_is_closed_at_the_first_byte_timeout(server):
+    silent = socket.create_connection(("127.0.0.1", server.port), timeout=8)
+    started = time.monotonic()
+    try:
+        assert silent.recv(1) == b""  # closed by the server
+    except ConnectionResetError:
+        pass
+    finally:
+        silent.close()
+    assert time.monotonic() - started < 5  # the first-byte timeout (1 s), not the request timeout (10 s)
+
+
+def test_a_bare_lf_request_gets_400_at_once(server):
+    conn = _raw_tls(server)
+    started = time.monotonic()
+    conn.sendall(b"POST /validate HTTP/1.1\nHost: guard\nContent-Length: %d\n\n%s" % (len(REVIEW), REVIEW))
+    answer = _reply(conn)
+    conn.close()
+    assert answer.startswith(b"HTTP/1.1 400 ")
+    assert time.monotonic() - started < 5  # not a 408 at the 10 s request timeout
+
+
+def test_a_content_length_trailer_gets_400_not_500(server):
+    conn = _raw_tls(server)
+    chunked = b"%x\r\n%s\r\n0\r\nContent-Length: 5\r\n\r\n" % (len(REVIEW), REVIEW)
+    conn.sendall(_head("Transfer-Encoding: chunked\r\n") + chunked)
+    answer = _reply(conn)
+    conn.close()
+    assert answer.startswith(b"HTTP/1.1 400 ")
+    assert b"Traceback" not in server.log.read_bytes()
+
+
+def test_expect_100_continue_gets_the_interim_answer_before_the_body_is_sent(server):
+    conn = _raw_tls(server)
+    conn.sendall(_head(f"Expect: 100-continue\r\nContent-Length: {len(REVIEW)}\r\n"))
+    conn.settimeout(5)
+    interim = conn.recv(100)
+    assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+    conn.sendall(REVIEW)
+    answer = _reply(conn)
+    conn.close()
+    assert answer.startswith(b"HTTP/1.1 200 ") and b"100 Continue" not in answer
+
+
+def test_a_new_client_is_answered_with_more_idle_connections_than_the_limit(tmp_path):
+    with live_server(
+        tmp_path,
+        "--cluster", str(EXAMPLES / "cluster"), "--worker-connections", "16",
+        "--first-byte-timeout", "10", "--request-timeout", "10",
+        workers=1, threads=2,
+    ) as s:  # fmt: skip
+        idle = [socket.create_connection(("127.0.0.1", s.port), timeout=10) for _ in range(60)]
+        try:
+            time.sleep(0.5)  # all accepted (the oldest closed to make room)
+            conn = s.connect()
+            conn.timeout = 3.0  # far below the 10 s a silent connection could otherwise hold its slot
+            status, _ = post_json(conn, "/validate", REVIEW)
+            conn.close()
+            assert status == 200
+        finally:
+            for sock in idle:
+                sock.close()
+
+
+# -- the buffer budget, measured on the worker's own counter ---------------------------------
+
+
+class _Conn:
+    """What the loop needs of gunicorn's TConn."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _loop_worker(max_buffered: int) -> GuardWorker:
+    worker = GuardWorker.__new__(GuardWorker)
+    worker.app = SimpleNamespace(max_buffered_bytes=max_buffered, request_timeout=30.0)
+    worker.init_loop()
+    worker.poller, worker.nr_conns = selectors.DefaultSelector(), 0
+    worker.log = logging.getLogger("test-worker")
+    return worker
+
+
+def _send_body(sock: socket.socket, size: int, answers: list[bytes]) -> None:
+    """Declare a max-size body, send ``size`` bytes of it, and keep what the server answers
+    (nothing, for a body it buffered and still waits the rest of)."""
+    with contextlib.suppress(OSError):
+        sock.sendall(_head(f"Content-Length: {3 * 1024 * 1024}\r\n") + b"x" * size)
+    answers.append(_reply(sock, limit=2.0))
+
+
+def test_buffered_bodies_never_exceed_the_cap_and_those_past_it_get_503_with_retry_after():
+    cap, body = 8 * 1024 * 1024, 1024 * 1024
+    worker = _loop_worker(cap)
+    clients, answers, threads = [], [], []
+    for _ in range(24):  # 24 bodies of 1 MiB each (of a declared 3 MiB): three times the cap
+        client, served = socket.socketpair()
+        worker.nr_conns += 1
+        worker._start(_Conn(served), handshake=False)
+        clients.append(client)
+        threads.append(threading.Thread(target=_send_body, args=(client, body, answers)))
+    for thread in threads:
+        thread.start()
+    peak, deadline = 0, time.monotonic() + 30
+    while any(t.is_alive() for t in threads) and time.monotonic() < deadline:
+        worker.wait_for_and_dispatch_events(0.01)
+        peak = max(peak, worker.buffered)
+    for client in clients:
+        client.close()
+    refused = [a for a in answers if a.startswith(b"HTTP/1.1 503 ")]
+    assert 0 < peak <= cap
+    held_whole = cap // (body + len(_head("Content-Length: 3145728\r\n")))  # 7 fit whole
+    assert len(refused) >= 24 - held_whole
+    assert all(b"\r\nRetry-After: " in a for a in refused)
+
+
+@pytest.mark.parametrize(
+    ("cgroup", "files"),
+    [
+        ("0::/kubepods/pod1/c1\n", {"kubepods/pod1/c1/memory.max": "1073741824\n", "memory.max": "max\n"}),
+        ("0::/\n", {"memory.max": "1073741824\n"}),  # a cgroup namespace: the root is the container's
+        ("4:memory:/docker/c1\n", {"memory/docker/c1/memory.limit_in_bytes": "1073741824\n"}),
+    ],
+    ids=["cgroup-v2", "cgroup-v2-namespaced", "cgroup-v1"],
+)
+def test_the_default_buffer_budget_is_a_share_of_the_containers_memory_limit(tmp_path, cgroup, files):
+    from webhook.serving import container_memory_limit, default_buffered_bytes
+
+    (tmp_path / "cgroup").write_text(cgroup)
+    for name, text in files.items():
+        (tmp_path / "fs" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "fs" / name).write_text(text)
+    limit = container_memory_limit(tmp_path / "cgroup", tmp_path / "fs")
+    assert limit == 1 << 30
+    assert default_buffered_bytes(2, 3 << 20, limit) == 128 << 20  # a quarter of 1 GiB, per worker of 2
+
+
+def test_without_a_memory_limit_the_buffer_budget_is_fixed_and_fits_one_largest_request(tmp_path):
+    from webhook.serving import DEFAULT_BUFFERED_BYTES, container_memory_limit, default_buffered_bytes
+
+    (tmp_path / "cgroup").write_text("4:memory:/\n")
+    (tmp_path / "memory").mkdir()
+    (tmp_path / "memory" / "memory.limit_in_bytes").write_text("9223372036854771712\n")
+    assert container_memory_limit(tmp_path / "cgroup", tmp_path) is None
+    assert default_buffered_bytes(2, 3 << 20, None) == DEFAULT_BUFFERED_BYTES
+    assert default_buffered_bytes(64, 3 << 20, 256 << 20) == (3 << 20) + 64 * 1024
