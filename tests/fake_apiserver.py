@@ -25,11 +25,25 @@ from urllib.parse import parse_qs, urlparse
 
 import orjson
 
-PATHS = {"/api/v1/nodes": "nodes", "/api/v1/pods": "pods"}
+PATHS = {
+    "/api/v1/nodes": "nodes",
+    "/api/v1/pods": "pods",
+    "/apis/resource.k8s.io/v1/resourceslices": "resourceslices",
+    "/apis/resource.k8s.io/v1/resourceclaims": "resourceclaims",
+    "/apis/resource.k8s.io/v1/deviceclasses": "deviceclasses",
+}
+DRA = ("resourceslices", "resourceclaims", "deviceclasses")
+DISCOVERY = "/apis/resource.k8s.io/v1"
 LEASES = re.compile(
     r"/apis/coordination\.k8s\.io/v1/namespaces/(?P<namespace>[^/]+)/leases(?:/(?P<name>[^/]+))?"
 )
-LIST_KINDS = {"nodes": "NodeList", "pods": "PodList"}
+LIST_KINDS = {
+    "nodes": "NodeList",
+    "pods": "PodList",
+    "resourceslices": "ResourceSliceList",
+    "resourceclaims": "ResourceClaimList",
+    "deviceclasses": "DeviceClassList",
+}
 
 
 @dataclass
@@ -49,10 +63,11 @@ class Cluster:
     token: str = "test-token"
     bookmark_every: float = 0.5
     rv: int = 100
-    objects: dict[str, dict[str, bytes]] = field(default_factory=lambda: {"nodes": {}, "pods": {}})
-    log: dict[str, list[tuple[int, bytes]]] = field(default_factory=lambda: {"nodes": [], "pods": []})
-    floor: dict[str, int] = field(default_factory=lambda: {"nodes": 0, "pods": 0})
-    faults: dict[str, list[Fault]] = field(default_factory=lambda: {"nodes": [], "pods": []})
+    objects: dict[str, dict[str, bytes]] = field(default_factory=lambda: {r: {} for r in LIST_KINDS})
+    log: dict[str, list[tuple[int, bytes]]] = field(default_factory=lambda: {r: [] for r in LIST_KINDS})
+    floor: dict[str, int] = field(default_factory=lambda: dict.fromkeys(LIST_KINDS, 0))
+    faults: dict[str, list[Fault]] = field(default_factory=lambda: {r: [] for r in LIST_KINDS})
+    serves_dra: bool = False  # resource.k8s.io/v1: discovery and its lists answer 404 when off
     snapshots: dict[str, tuple[int, list[bytes]]] = field(default_factory=dict)
     requests: list[str] = field(default_factory=list)
     frozen: dict[str, tuple[int, list[bytes]]] = field(default_factory=dict)
@@ -204,7 +219,13 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _get(self) -> None:
         url = urlparse(self.path)
+        if url.path == DISCOVERY and self.cluster.serves_dra:
+            return self._send(
+                200, orjson.dumps({"kind": "APIResourceList", "groupVersion": "resource.k8s.io/v1"})
+            )
         resource = PATHS.get(url.path)
+        if resource in DRA and not self.cluster.serves_dra:
+            resource = None
         query = {k: v[0] for k, v in parse_qs(url.query).items()}
         self.cluster.requests.append(f"{resource} {'watch' if query.get('watch') else 'list'}")
         if self.headers.get("Authorization") != f"Bearer {self.cluster.token}":

@@ -32,10 +32,12 @@ def one_gpu_left() -> ClusterState:
     return state_with(slices=[resource_slice(devices=gpus("gpu-0", "gpu-1"))], claims=[holder])
 
 
-def status_update(new: dict, *, user: str = SCHEDULER, dry_run: bool = False) -> dict:
+def status_update(new: dict, *, user: str = SCHEDULER, dry_run: bool = False, version: str = "41") -> dict:
+    """The API server's review of a status write setting ``new``'s allocation; ``version``: the
+    stored claim's resourceVersion (the oldObject's)."""
     old = copy.deepcopy(new)
     old["status"] = {}
-    old["metadata"]["resourceVersion"] = "41"
+    old["metadata"]["resourceVersion"] = version
     return {
         "apiVersion": "admission.k8s.io/v1",
         "kind": "AdmissionReview",

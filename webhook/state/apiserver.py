@@ -31,7 +31,12 @@ RESOURCES = {
     "jobs": "/apis/batch/v1/jobs",
     "cronjobs": "/apis/batch/v1/cronjobs",
     "replicationcontrollers": "/api/v1/replicationcontrollers",
+    # DRA, where the cluster serves resource.k8s.io/v1 (``serves``).
+    "resourceslices": "/apis/resource.k8s.io/v1/resourceslices",
+    "resourceclaims": "/apis/resource.k8s.io/v1/resourceclaims",
+    "deviceclasses": "/apis/resource.k8s.io/v1/deviceclasses",
 }
+DRA_GROUP_VERSION = "resource.k8s.io/v1"
 
 # The largest watch event (one JSON line) the guard reads. The API server refuses objects over
 # 3 MiB (etcd's limit is 1.5 MiB), so anything larger is not a Kubernetes object: a watch error.
@@ -124,6 +129,17 @@ class ApiServer:
             "timeoutSeconds": timeout_seconds,
         }
         return self._get(resource, fields, timeout=read_timeout, stream=True)
+
+    def serves(self, group_version: str, timeout: float = 10.0) -> bool:
+        """Whether the API server serves ``group/version`` (discovery: 200, or 404 when not).
+
+        Raises ``ApiError`` when it does not answer either way."""
+        status, body = self.request_json("GET", f"/apis/{group_version}", timeout=timeout)
+        if status == 404:
+            return False
+        if status != 200:
+            raise ApiError(status, f"discovery of {group_version}: {body.get('message', '')}")
+        return True
 
     def request_json(
         self, method: str, path: str, body: dict[str, Any] | None = None, *, timeout: float = 5.0

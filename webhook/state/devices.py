@@ -187,8 +187,9 @@ class DeviceIndex:
         self._claims: dict[str, ClaimAllocation] = {}  # allocated claims only
         # Every claim, allocated or not, by (namespace, name): a pod names its claims that way.
         self._named: dict[tuple[str, str], str] = {}
-        # Every claim's resourceVersion: an in-flight allocation counts until its claim changes.
-        self._versions: dict[str, str] = {}
+        # Every claim's namespace, name and resourceVersion, by key: an in-flight allocation
+        # counts until its claim changes, and a watch deletes a claim by its key.
+        self._versions: dict[str, tuple[str, str, str]] = {}
         # Allocated claims by the pods they are reserved for (``status.reservedFor``): a bind
         # of such a pod must go where its devices are.
         self._reserved: dict[str, tuple[str, ...]] = {}
@@ -208,8 +209,7 @@ class DeviceIndex:
         key, allocation = claim_allocation_from(obj)
         self._named[(ref.namespace, ref.name)] = key
         version = (obj.get("metadata") or {}).get("resourceVersion")
-        if isinstance(version, str) and version:
-            self._versions[key] = version
+        self._versions[key] = (ref.namespace, ref.name, version if isinstance(version, str) else "")
         if allocation is None:
             self.remove_claim(key)
         else:
@@ -217,14 +217,28 @@ class DeviceIndex:
 
     def delete_claim(self, obj: Mapping[str, Any]) -> None:
         """A ResourceClaim deleted: its devices are free, and pods naming it find nothing."""
-        ref = claim_ref(obj)
-        self._named.pop((ref.namespace, ref.name), None)
-        self._versions.pop(ref.key, None)
-        self.remove_claim(ref.key)
+        self.delete_claim_key(claim_ref(obj).key)
+
+    def delete_claim_key(self, key: str) -> None:
+        known = self._versions.pop(key, None)
+        if known is not None and self._named.get(known[:2]) == key:
+            del self._named[known[:2]]
+        self.remove_claim(key)
 
     def version(self, key: str) -> str | None:
-        """The resourceVersion of the claim as last seen, or None."""
-        return self._versions.get(key)
+        """The resourceVersion of the claim as last seen ("" when it had none), or None."""
+        known = self._versions.get(key)
+        return None if known is None else known[2]
+
+    def claim_keys(self) -> list[str]:
+        """Every claim's key, allocated or not."""
+        return list(self._versions)
+
+    def slice_names(self) -> list[str]:
+        return list(self._slices)
+
+    def class_names(self) -> list[str]:
+        return list(self._classes)
 
     def named(self, namespace: str, name: str) -> tuple[str, ClaimAllocation | None] | None:
         """A claim by namespace and name: its key and allocation (None: not allocated), or None

@@ -28,8 +28,10 @@ from typing import Any
 
 import orjson
 
+from ..kube.dra import claim_key
 from ..kube.errors import FieldError
-from .apiserver import MAX_EVENT_BYTES, ApiError, ApiServer, EventTooLarge, watch_lines
+from .apiserver import DRA_GROUP_VERSION, MAX_EVENT_BYTES, ApiError, ApiServer, EventTooLarge, watch_lines
+from .devices import DeviceIndex
 from .model import ClusterState, node_from, object_key, pod_record
 from .snapshot import collector_paused
 from .source import Readiness, StateView
@@ -102,8 +104,8 @@ class _Kind:
     present: Callable[[], list[str]]
 
 
-def _kinds(state: ClusterState) -> tuple[_Kind, _Kind]:
-    return (
+def _kinds(state: ClusterState) -> tuple[_Kind, ...]:
+    kinds = (
         _Kind(
             "nodes",
             key=lambda obj: str((obj.get("metadata") or {}).get("name") or ""),
@@ -119,6 +121,41 @@ def _kinds(state: ClusterState) -> tuple[_Kind, _Kind]:
             store=state.set_pod,
             drop=state.remove_pod,
             present=lambda: list(state.pods),
+        ),
+    )
+    return kinds if state.devices is None else (*kinds, *_device_kinds(state.devices))
+
+
+def _device_kinds(index: DeviceIndex) -> tuple[_Kind, ...]:
+    """DRA: the objects go into the device index whole (it reads only what it keeps)."""
+
+    def named(obj: dict) -> str:
+        return str((obj.get("metadata") or {}).get("name") or "")
+
+    def kind(name: str, key, store, drop, present) -> _Kind:
+        return _Kind(name, key=key, build=lambda obj: obj, store=store, drop=drop, present=present)
+
+    return (
+        kind(
+            "resourceslices",
+            named,
+            lambda _, obj: index.set_slice(obj),
+            index.remove_slice,
+            index.slice_names,
+        ),
+        kind(
+            "resourceclaims",
+            claim_key,
+            lambda _, obj: index.set_claim(obj),
+            index.delete_claim_key,
+            index.claim_keys,
+        ),
+        kind(
+            "deviceclasses",
+            named,
+            lambda _, obj: index.set_device_class(obj),
+            index.remove_device_class,
+            index.class_names,
         ),
     )
 
@@ -139,6 +176,7 @@ class Informer:
         self.skipped = 0  # objects whose fields could not be read (logged, left out)
         self.oversized_events = 0  # watch events over max_event_bytes (each a watch error and a relist)
         self._synced: set[str] = set()
+        self._required = {"nodes", "pods"}  # and the DRA kinds, where served
         # Per kind, the monotonic time of its last list page, event or bookmark: a dead node
         # watch must not hide behind a busy pod watch.
         self._heard: dict[str, float] = {}
@@ -174,9 +212,10 @@ class Informer:
 
     @property
     def synced(self) -> bool:
-        return self._synced == {"nodes", "pods"}
+        return self._synced >= self._required
 
     def start(self) -> Informer:
+        self._discover_devices()
         for kind in _kinds(self.state):
             thread = threading.Thread(
                 target=self._run, args=(kind,), name=f"informer-{kind.name}", daemon=True
@@ -193,7 +232,8 @@ class Informer:
             thread.join(timeout)
 
     def list_once(self) -> ClusterState:
-        """List nodes and pods once, without watching."""
+        """List nodes and pods (and DRA objects, where served) once, without watching."""
+        self._discover_devices()
         for kind in _kinds(self.state):
             self._list(kind)
         return self.state
@@ -204,9 +244,23 @@ class Informer:
             time.sleep(0.02)
         return self.synced
 
+    def _discover_devices(self) -> None:
+        """DRA state where the cluster serves ``resource.k8s.io/v1``; elsewhere said once, and
+        the DRA checks skip (they warn that nothing was checked)."""
+        try:
+            served = self.api.serves(DRA_GROUP_VERSION)
+        except ApiError as err:
+            log.warning("DRA checks skipped: discovery of %s failed: %s", DRA_GROUP_VERSION, err)
+            return
+        if served:
+            self.state.devices = DeviceIndex()
+            self._required = {kind.name for kind in _kinds(self.state)}
+        else:
+            log.info("the cluster does not serve %s: DRA checks skipped", DRA_GROUP_VERSION)
+
     def _unavailable(self) -> str | None:
         if not self.synced:
-            missing = sorted({"nodes", "pods"} - self._synced)
+            missing = sorted(self._required - self._synced)
             return f"the guard has not finished listing {' and '.join(missing)} from the API server"
         now = time.monotonic()
         stalest, heard = min(self._heard.items(), key=lambda item: item[1])

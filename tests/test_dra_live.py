@@ -1,0 +1,146 @@
+"""DRA live: the informer keeps the device index from resource.k8s.io/v1 lists and watches, and
+two guard servers of two workers each never hand the last GPU of a pool to two claims."""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tests.builders import node
+from tests.dra_builders import claim, gpus, resource_slice, result
+from tests.fake_apiserver import Cluster, FakeApiServer
+from tests.live_server import live_server, post_json
+from tests.test_dra_admission import status_update
+from tests.test_informer import eventually
+from webhook.state.apiserver import ApiServer
+from webhook.state.informer import Informer, Timing
+
+GPU = ("gpu.example.com", "node-1", "gpu-1")
+
+
+def dra_cluster(claims: int = 0) -> Cluster:
+    cluster = Cluster(bookmark_every=0.2, serves_dra=True)
+    cluster.load("nodes", [node("node-1")])
+    cluster.load("pods", [])
+    cluster.load("resourceslices", [resource_slice(devices=gpus("gpu-0", "gpu-1"))])
+    holder = claim("holder", namespace="ml", results=[result("gpu-0")])
+    waiting = [claim(f"trainer-{i}", namespace="ml") for i in range(claims)]
+    cluster.load("resourceclaims", [holder, *waiting])
+    cluster.load("deviceclasses", [])
+    return cluster
+
+
+@pytest.fixture
+def informer(tmp_path):
+    cluster = dra_cluster(claims=1)
+    server = FakeApiServer(cluster)
+    api = ApiServer.connect(kubeconfig=server.kubeconfig(tmp_path / "kubeconfig"))
+    informer = Informer(api, Timing(page_size=50)).start()
+    assert informer.wait_synced(10)
+    yield cluster, informer
+    informer.stop()
+    server.close()
+
+
+def test_the_informer_lists_slices_and_claims_into_the_device_index(informer):
+    _, live = informer
+    assert live.state.devices.use(("gpu.example.com", "node-1", "gpu-0"))
+    assert live.state.devices.named("ml", "trainer-0") == ("uid-ml-trainer-0", None)
+
+
+def test_a_claim_allocated_then_deleted_in_the_watch_holds_then_frees_its_device(informer):
+    cluster, live = informer
+    allocated = claim("trainer-0", namespace="ml", results=[result("gpu-1")])
+    cluster.put("resourceclaims", allocated)
+    assert eventually(lambda: bool(live.state.devices.use(GPU)))
+    cluster.delete("resourceclaims", "uid-ml-trainer-0")
+    assert eventually(lambda: not live.state.devices.use(GPU))
+    assert live.state.devices.named("ml", "trainer-0") is None
+
+
+def test_a_cluster_that_does_not_serve_dra_is_said_once_and_skipped(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="webhook.state.informer")
+    cluster = Cluster(bookmark_every=0.2)
+    cluster.load("nodes", [node("node-1")])
+    cluster.load("pods", [])
+    server = FakeApiServer(cluster)
+    api = ApiServer.connect(kubeconfig=server.kubeconfig(tmp_path / "kubeconfig"))
+    informer = Informer(api, Timing(page_size=50)).start()
+    try:
+        assert informer.wait_synced(10)
+        assert informer.state.devices is None
+        said = [r.message for r in caplog.records if "resource.k8s.io/v1" in r.message]
+        assert len(said) == 1 and "DRA checks skipped" in said[0]
+    finally:
+        informer.stop()
+        server.close()
+
+
+def test_twelve_concurrent_allocations_of_the_last_gpu_over_two_guards_allow_exactly_one(tmp_path):
+    cluster = dra_cluster(claims=12)
+    server = FakeApiServer(cluster)
+    kubeconfig = server.kubeconfig(tmp_path / "kubeconfig")
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "policies: {nodeAdmission: {reservations: {namespace: admit-guard, waitSeconds: 10}}}\n"
+    )
+    args = ("--kubeconfig", kubeconfig, "--config", str(config))
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    try:
+        with live_server(tmp_path / "a", *args) as first, live_server(tmp_path / "b", *args) as second:
+            guards = [first, second]
+            start = threading.Barrier(12)
+
+            def allocate(i: int) -> dict:
+                conn = guards[i % 2].connect()
+                stored = json.loads(cluster.objects["resourceclaims"][f"uid-ml-trainer-{i}"])
+                version = stored["metadata"]["resourceVersion"]
+                review = status_update(
+                    claim(f"trainer-{i}", namespace="ml", results=[result("gpu-1")]), version=version
+                )
+                start.wait()
+                try:
+                    return post_json(conn, "/validate", review)[1]["response"]
+                finally:
+                    conn.close()
+
+            with ThreadPoolExecutor(12) as pool:
+                responses = list(pool.map(allocate, range(12)))
+    finally:
+        server.close()
+    allowed = [r for r in responses if r["allowed"]]
+    assert len(allowed) == 1, json.dumps(responses, indent=1)
+    assert "warnings" not in allowed[0]
+    assert {r["status"]["reason"] for r in responses if not r["allowed"]} == {"DeviceAlreadyAllocated"}
+    [(namespace, lease)] = cluster.leases  # one Lease for the pool, in the guard's namespace
+    assert namespace == "admit-guard" and lease.startswith("admit-guard-pool-gpu.example.com-node-1-")
+
+
+def test_the_api_server_down_answers_an_allocation_within_three_seconds_allowed_with_a_warning(tmp_path):
+    from tests.test_dra_admission import one_gpu_left
+    from webhook.allocation import IN_FLIGHT, AllocationGuard, allocation_stores
+    from webhook.config import config_from_dict
+    from webhook.server import create_app
+    from webhook.state.source import FixedState
+
+    server = FakeApiServer(Cluster())
+    api = ApiServer.connect(kubeconfig=server.kubeconfig(tmp_path / "kubeconfig"))
+    server.close()  # nothing listens any more
+    table, leases = allocation_stores(tmp_path / "t", api, "admit-guard")
+    assert table.codec is IN_FLIGHT
+    conf = config_from_dict({})
+    client = create_app(
+        conf, FixedState(one_gpu_left()), allocation_guard=AllocationGuard(conf, table, leases)
+    ).test_client()
+    started = time.monotonic()
+    review = status_update(claim("a", namespace="ml", results=[result("gpu-1")]))
+    response = client.post("/validate", json=copy.deepcopy(review)).get_json()["response"]
+    assert time.monotonic() - started < 3
+    assert response["allowed"] is True and "did not check this allocation" in response["warnings"][0]
