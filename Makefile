@@ -57,6 +57,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/check_bench.py
 	$(BIN)/python bench/binding_bench.py
 	$(BIN)/python bench/slow_lease_bench.py
+	$(BIN)/python bench/dra_bench.py
 	$(BIN)/python bench/dra_index_bench.py
 
 # promtool (Debian's prometheus package) for the alert rules' unit tests.
