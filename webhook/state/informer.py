@@ -30,9 +30,9 @@ import orjson
 
 from ..kube.errors import FieldError
 from .apiserver import MAX_EVENT_BYTES, ApiError, ApiServer, EventTooLarge, watch_lines
+from .gc_pause import collector_paused
 from .model import ClusterState, node_from, object_key, pod_record
 from .rejections import StormBreakers
-from .snapshot import collector_paused
 from .source import Readiness, StateView
 
 log = logging.getLogger(__name__)

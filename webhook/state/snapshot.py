@@ -7,15 +7,14 @@ is read the ordinary way, with the same records and the same errors.
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from ..json_items import NotStreamable, list_items
 from ..kube.errors import FieldError
 from ..manifests import Document, Location, ManifestError, list_item, manifest_files, read_documents
+from .gc_pause import collector_paused
 from .model import ClusterState, node_from, object_key, pod_record
 from .rejections import StormBreakers
 
@@ -55,18 +54,6 @@ def read_snapshot(paths: Iterable[str], build: Callable[[Iterable[Document | Man
             return build(_streamed_documents(paths))
         except NotStreamable:
             return build(read_documents(paths))
-
-
-@contextmanager
-def collector_paused() -> Iterator[None]:
-    """The cyclic garbage collector off for a bulk build of acyclic objects."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _build(documents: Iterable[Document | ManifestError], storm: StormBreakerConfig | None) -> ClusterState:
