@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 ADDRESS ?= 127.0.0.1:8443
 EXAMPLE ?= examples/admission/incident-1-pinned-deployment.json
 
-.PHONY: run check certs test lint bench clean deploy-certs deploy-render deploy-vap promtool monitoring-test
+.PHONY: run check certs test lint bench lock clean deploy-certs deploy-render deploy-vap promtool monitoring-test
 
 OVERLAY ?= self-signed
 SELF_SIGNED := deploy/overlays/self-signed
@@ -59,6 +59,15 @@ bench: $(STAMP)
 	$(BIN)/python bench/slow_lease_bench.py
 	$(BIN)/python bench/dra_bench.py
 	$(BIN)/python bench/dra_index_bench.py
+
+# requirements.lock, which the image installs: every runtime dependency pinned with its hashes,
+# resolved from the default package index within pyproject.toml's bounds. Local pip settings
+# (mirrors, find-links, constraints) are left out so that no local path or file reaches it.
+lock: $(STAMP)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev,lock]'
+	env -u PIP_FIND_LINKS -u PIP_INDEX_URL -u PIP_EXTRA_INDEX_URL -u PIP_CONSTRAINT PIP_CONFIG_FILE=/dev/null \
+	  $(BIN)/pip-compile --quiet --upgrade --generate-hashes --strip-extras --allow-unsafe \
+	  --no-emit-index-url --no-emit-find-links --output-file requirements.lock pyproject.toml
 
 # promtool (Debian's prometheus package) for the alert rules' unit tests.
 promtool:

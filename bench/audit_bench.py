@@ -20,26 +20,16 @@ import orjson
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from tests.builders import node  # noqa: E402
 from webhook.audit import node_findings, run_audit  # noqa: E402
 from webhook.config import Config  # noqa: E402
 from webhook.periodic_audit import NODES_PER_CHUNK  # noqa: E402
 from webhook.state.inventory import read_inventory  # noqa: E402
 
 
-def node(i: int, gpus: int) -> dict:
-    allocatable = {"cpu": "32", "memory": "128Gi", "pods": "110", "ephemeral-storage": "500Gi"}
-    if gpus:
-        allocatable["nvidia.com/gpu"] = str(gpus)
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {
-            "name": f"node-{i}",
-            "uid": f"node-uid-{i}",
-            "labels": {"kubernetes.io/hostname": f"node-{i}"},
-        },
-        "status": {"allocatable": allocatable, "nodeInfo": {"operatingSystem": "linux"}},
-    }
+def gpu_node(i: int, gpus: int) -> dict:
+    devices = {"nvidia.com/gpu": str(gpus)} if gpus else {}
+    return node(f"node-{i}", cpu="32", memory="128Gi", extra={"ephemeral-storage": "500Gi", **devices})
 
 
 def template(app: str, requests: dict, node_name: str = "") -> dict:
@@ -56,7 +46,7 @@ def owner(kind: str, name: str, uid: str, api_version: str = "apps/v1") -> list[
 def cluster(nodes: int, pods: int) -> list[dict]:
     items: list[dict] = []
     gpu_nodes = nodes // 10
-    items += [node(i, 8 if i < gpu_nodes else 0) for i in range(nodes)]
+    items += [gpu_node(i, 8 if i < gpu_nodes else 0) for i in range(nodes)]
     apps = nodes  # one Deployment (and ReplicaSet) per 30 pods
     per_app = max(1, pods // apps)
     for a in range(apps):

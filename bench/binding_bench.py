@@ -25,6 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from tests.builders import container, node, pod  # noqa: E402
 from tests.fake_apiserver import Cluster, FakeApiServer, write_kubeconfig  # noqa: E402
 from tests.live_server import live_server, post_json  # noqa: E402
 
@@ -33,26 +34,11 @@ SECONDS = float(os.environ.get("BIND_BENCH_SECONDS", "20"))
 
 
 def _node(i: int) -> dict:
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {"name": f"node-{i}", "labels": {"kubernetes.io/hostname": f"node-{i}"}},
-        "status": {
-            "allocatable": {"cpu": "1000", "memory": "4Ti", "pods": "5000", "nvidia.com/gpu": str(GPUS)}
-        },
-    }
+    return node(f"node-{i}", cpu="1000", memory="4Ti", pods="5000", extra={"nvidia.com/gpu": str(GPUS)})
 
 
 def _pod(name: str, requests: dict) -> dict:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": "batch", "uid": f"uid-{name}"},
-        "spec": {
-            "schedulerName": "volcano",
-            "containers": [{"name": "c", "image": "c", "resources": {"requests": requests}}],
-        },
-    }
+    return pod(name, namespace="batch", scheduler="volcano", containers=[container("c", requests=requests)])
 
 
 def serve_fake(count: int) -> None:

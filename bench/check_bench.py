@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from webhook.cli import main as cli  # noqa: E402
 from webhook.manifests import StrictLoader  # noqa: E402
-from webhook.state.snapshot import collector_paused  # noqa: E402
+from webhook.state.gc_pause import collector_paused  # noqa: E402
 
 DEPLOYMENT = """\
 apiVersion: apps/v1

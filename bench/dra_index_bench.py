@@ -24,7 +24,7 @@ from webhook.checks.device_allocation import judge_allocation
 from webhook.kube import dra
 from webhook.kube.dra import resource_claim_from
 from webhook.state.devices import DeviceIndex
-from webhook.state.snapshot import collector_paused
+from webhook.state.gc_pause import collector_paused
 
 DRIVER = "gpu.nvidia.com"
 NODES = 5_000

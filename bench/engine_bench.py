@@ -13,6 +13,7 @@ import gc
 import random
 import resource
 import statistics
+import sys
 import tempfile
 import time
 import tracemalloc
@@ -20,91 +21,22 @@ from pathlib import Path
 
 import orjson
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.builders import cluster_node, cluster_pod
 from webhook.config import Config
 from webhook.engine import evaluate
 from webhook.state import ClusterState, node_from, pod_record
 from webhook.state.snapshot import load_snapshot
-
-SCHEDULERS = ("default-scheduler", "volcano")
-
-
-def make_node(i: int) -> dict:
-    gpu = i % 10 == 0
-    allocatable = {"cpu": "63500m", "memory": "250Gi", "pods": "110", "ephemeral-storage": "900Gi"}
-    if gpu:
-        allocatable["nvidia.com/gpu"] = "8"
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {
-            "name": f"node-{i:05d}",
-            "uid": f"node-uid-{i}",
-            "labels": {
-                "kubernetes.io/hostname": f"node-{i:05d}",
-                "kubernetes.io/os": "linux",
-                "topology.kubernetes.io/zone": f"zone-{i % 3}",
-            },
-        },
-        "spec": {"taints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}] if gpu else []},
-        "status": {
-            "allocatable": allocatable,
-            "capacity": allocatable,
-            "conditions": [
-                {"type": "Ready", "status": "True"},
-                {"type": "MemoryPressure", "status": "False"},
-            ],
-            "nodeInfo": {"operatingSystem": "linux", "kubeletVersion": "v1.35.0"},
-        },
-    }
-
-
-def make_pod(i: int, nodes: int, rng: random.Random) -> dict:
-    node = rng.randrange(nodes)
-    requests = {"cpu": f"{rng.choice((100, 250, 500, 1000))}m", "memory": f"{rng.choice((128, 256, 512))}Mi"}
-    limits = {"memory": requests["memory"]}
-    if node % 10 == 0 and rng.random() < 0.2:
-        limits["nvidia.com/gpu"] = "1"
-    containers = [
-        {
-            "name": "app",
-            "image": "registry.example/app:1",
-            "resources": {"requests": requests, "limits": limits},
-        }
-    ]
-    if i % 7 == 0:
-        containers.append(
-            {
-                "name": "sidecar",
-                "image": "registry.example/proxy:1",
-                "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}},
-                "ports": [{"containerPort": 15090, "hostPort": 15090 + i % 5}],
-            }
-        )
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": f"app-{i}-x7k2p",
-            "namespace": f"team-{i % 40}",
-            "uid": f"7d5c2a9e-{i:08d}-4b1f-9a3e-5c2d1e0f{i % 10000:04d}",
-        },
-        "spec": {
-            "nodeName": f"node-{node:05d}",
-            "schedulerName": SCHEDULERS[i % 11 == 0],
-            "priority": 0,
-            "containers": containers,
-        },
-        "status": {"phase": "Running"},
-    }
 
 
 def build_state(nodes: int, pods: int, seed: int = 1) -> ClusterState:
     rng = random.Random(seed)
     state = ClusterState()
     for i in range(nodes):
-        state.set_node(node_from(make_node(i)))
+        state.set_node(node_from(cluster_node(i)))
     for i in range(pods):
-        obj = make_pod(i, nodes, rng)
+        obj = cluster_pod(i, nodes, rng)
         state.set_pod(obj["metadata"]["uid"], pod_record(obj))
     return state
 
@@ -146,7 +78,7 @@ def main() -> None:
     # The second state holds its own nodes too: subtract them once more.
     per_pod = ((full - with_nodes) - (with_nodes - base)) / args.pods
 
-    pods = [make_pod(10**7 + i, args.nodes, rng) for i in range(args.decisions)]
+    pods = [cluster_pod(10**7 + i, args.nodes, rng) for i in range(args.decisions)]
     for p in pods:
         p.pop("status")
     deployments = []
@@ -165,8 +97,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         snapshot = Path(tmp) / "cluster.json"
         gen = random.Random(1)
-        items = [make_node(i) for i in range(args.nodes)] + [
-            make_pod(i, args.nodes, gen) for i in range(args.pods)
+        items = [cluster_node(i) for i in range(args.nodes)] + [
+            cluster_pod(i, args.nodes, gen) for i in range(args.pods)
         ]
         snapshot.write_bytes(orjson.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
         size_mb = snapshot.stat().st_size / 2**20

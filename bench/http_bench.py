@@ -22,11 +22,9 @@ from pathlib import Path
 
 import orjson
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine_bench import make_node, make_pod
-
+from tests.builders import cluster_node, cluster_pod
 from tests.live_server import live_server
 
 CONNECTIONS = 8
@@ -55,7 +53,7 @@ def review(obj: dict, uid: int) -> bytes:
 
 def workloads(nodes: int) -> dict[str, bytes]:
     rng = random.Random(11)
-    pod = make_pod(10**7, nodes, rng)
+    pod = cluster_pod(10**7, nodes, rng)
     pod.pop("status")
     pod["metadata"]["namespace"] = "team-1"
     template_spec = {k: v for k, v in pod["spec"].items() if k != "nodeName"}
@@ -136,8 +134,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         rng = random.Random(1)
-        items = [make_node(i) for i in range(args.nodes)] + [
-            make_pod(i, args.nodes, rng) for i in range(args.pods)
+        items = [cluster_node(i) for i in range(args.nodes)] + [
+            cluster_pod(i, args.nodes, rng) for i in range(args.pods)
         ]
         (workdir / "cluster.json").write_bytes(
             orjson.dumps({"apiVersion": "v1", "kind": "List", "items": items})

@@ -19,14 +19,14 @@ from pathlib import Path
 import orjson
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT))
 
-from engine_bench import make_node, make_pod  # noqa: E402
+from tests.builders import cluster_node, cluster_pod  # noqa: E402
 
 
 def write_snapshot(path: Path, nodes: int, pods: int) -> None:
     rng = random.Random(1)
-    items = [make_node(i) for i in range(nodes)] + [make_pod(i, nodes, rng) for i in range(pods)]
+    items = [cluster_node(i) for i in range(nodes)] + [cluster_pod(i, nodes, rng) for i in range(pods)]
     document = {"apiVersion": "v1", "kind": "List", "items": items, "metadata": {"resourceVersion": ""}}
     path.write_bytes(orjson.dumps(document, option=orjson.OPT_INDENT_2))
 

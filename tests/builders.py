@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 
@@ -76,4 +77,82 @@ def deployment(spec: dict[str, Any], name: str = "web", namespace: str = "defaul
             "selector": {"matchLabels": {"app": name}},
             "template": {"metadata": {"labels": {"app": name}}, "spec": spec},
         },
+    }
+
+
+# -- a large, realistic cluster: the benchmarks' and the fake API server's command line ----
+
+SCHEDULERS = ("default-scheduler", "volcano")
+
+
+def cluster_node(i: int) -> dict:
+    """The ``i``-th node of a large cluster: every tenth has 8 GPUs (and a taint)."""
+    gpu = i % 10 == 0
+    allocatable = {"cpu": "63500m", "memory": "250Gi", "pods": "110", "ephemeral-storage": "900Gi"}
+    if gpu:
+        allocatable["nvidia.com/gpu"] = "8"
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": f"node-{i:05d}",
+            "uid": f"node-uid-{i}",
+            "labels": {
+                "kubernetes.io/hostname": f"node-{i:05d}",
+                "kubernetes.io/os": "linux",
+                "topology.kubernetes.io/zone": f"zone-{i % 3}",
+            },
+        },
+        "spec": {"taints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}] if gpu else []},
+        "status": {
+            "allocatable": allocatable,
+            "capacity": allocatable,
+            "conditions": [
+                {"type": "Ready", "status": "True"},
+                {"type": "MemoryPressure", "status": "False"},
+            ],
+            "nodeInfo": {"operatingSystem": "linux", "kubeletVersion": "v1.35.0"},
+        },
+    }
+
+
+def cluster_pod(i: int, nodes: int, rng: random.Random) -> dict:
+    """The ``i``-th pod of a large cluster of ``nodes`` nodes: Running on a random node, some with
+    a GPU limit, every seventh with a host-port sidecar, every eleventh scheduled by volcano."""
+    node = rng.randrange(nodes)
+    requests = {"cpu": f"{rng.choice((100, 250, 500, 1000))}m", "memory": f"{rng.choice((128, 256, 512))}Mi"}
+    limits = {"memory": requests["memory"]}
+    if node % 10 == 0 and rng.random() < 0.2:
+        limits["nvidia.com/gpu"] = "1"
+    containers = [
+        {
+            "name": "app",
+            "image": "registry.example/app:1",
+            "resources": {"requests": requests, "limits": limits},
+        }
+    ]
+    if i % 7 == 0:
+        containers.append(
+            {
+                "name": "sidecar",
+                "image": "registry.example/proxy:1",
+                "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}},
+                "ports": [{"containerPort": 15090, "hostPort": 15090 + i % 5}],
+            }
+        )
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": f"app-{i}-x7k2p",
+            "namespace": f"team-{i % 40}",
+            "uid": f"7d5c2a9e-{i:08d}-4b1f-9a3e-5c2d1e0f{i % 10000:04d}",
+        },
+        "spec": {
+            "nodeName": f"node-{node:05d}",
+            "schedulerName": SCHEDULERS[i % 11 == 0],
+            "priority": 0,
+            "containers": containers,
+        },
+        "status": {"phase": "Running"},
     }

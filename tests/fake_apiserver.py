@@ -425,13 +425,10 @@ def write_kubeconfig(path, url: str, token: str) -> str:
 
 def main() -> None:
     """Serve a synthetic cluster (for ``make bench``): prints the URL, then waits for stdin EOF."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
     import random
+    import sys
 
-    from engine_bench import make_node, make_pod
+    from tests.builders import cluster_node, cluster_pod
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--nodes", type=int, default=5000)
@@ -441,8 +438,8 @@ def main() -> None:
     args = parser.parse_args()
     rng = random.Random(1)
     cluster = Cluster(bookmark_every=5.0, ignore_limit=args.ignore_limit)
-    cluster.load("nodes", (make_node(i) for i in range(args.nodes)))
-    pods = [make_pod(i, args.nodes, rng) for i in range(args.pods)]
+    cluster.load("nodes", (cluster_node(i) for i in range(args.nodes)))
+    pods = [cluster_pod(i, args.nodes, rng) for i in range(args.pods)]
     cluster.load("pods", pods)
     cluster.freeze_lists()
     # Churn recorded after the list: every event reaches the informer through its watch.

@@ -170,7 +170,7 @@ class _Conn:
 def _loop_worker(max_buffered: int) -> GuardWorker:
     worker = GuardWorker.__new__(GuardWorker)
     worker.app = SimpleNamespace(max_buffered_bytes=max_buffered, request_timeout=30.0)
-    worker.init_loop()
+    worker._init_loop()
     worker.poller, worker.nr_conns = selectors.DefaultSelector(), 0
     worker.log = logging.getLogger("test-worker")
     return worker

@@ -51,3 +51,20 @@ def test_only_the_first_distinct_reasons_keep_their_name():
     text = metrics.scrape().decode()
     reasons = {line.split('reason="')[1].split('"')[0] for line in text.splitlines() if 'reason="' in line}
     assert len(reasons) == metrics_module.MAX_REASONS + 1 and "other" in reasons
+
+
+def test_a_storm_breaker_that_closed_reads_0_after_the_next_publish_not_its_last_value():
+    from types import SimpleNamespace
+
+    from webhook.kube.rejection import Owner
+
+    metrics = Metrics()
+    trainer = SimpleNamespace(owner=Owner(uid="rs-uid", kind="ReplicaSet", name="trainer", namespace="ml"))
+    storm = SimpleNamespace(breakers=[trainer], trips=1, probes=0, prune=lambda now: None)
+    storm.open_breakers = lambda: storm.breakers
+    sample = b'admit_guard_storm_breakers_open{namespace="ml",owner="ReplicaSet/trainer"}'
+    metrics.storm.publish(storm)
+    assert sample + b" 1.0" in metrics.scrape()
+    storm.breakers = []
+    metrics.storm.publish(storm)
+    assert sample + b" 0.0" in metrics.scrape()

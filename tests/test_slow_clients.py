@@ -180,7 +180,7 @@ def test_a_client_that_always_has_more_gets_a_turn_not_the_loop():
 
     worker = GuardWorker.__new__(GuardWorker)
     worker.app = None
-    worker.init_loop()
+    worker._init_loop()
     worker.poller, worker.nr_conns = selectors.DefaultSelector(), 1
     worker.request_timeout, worker.max_body = 3.0, 1 << 20
     left, right = socket.socketpair()

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from tests.builders import container, pod
 from webhook.json_items import NotStreamable, list_items
-from webhook.manifests import read_documents
+from webhook.manifests import Location, documents_in, list_item, read_documents
 from webhook.state.snapshot import SnapshotError, load_snapshot
 
 json_values = st.recursive(
@@ -27,7 +27,32 @@ json_values = st.recursive(
 )
 def test_streamed_items_equal_the_items_of_the_whole_document(items, extra, indent):
     text = json.dumps({**extra, "apiVersion": "v1", "items": items, "kind": "List"}, indent=indent)
-    assert list(list_items(text)) == orjson.loads(text)["items"]
+    assert list(list_items(text)) == json.loads(text)["items"]  # the whole-file read's decoder
+
+
+@settings(max_examples=200)
+@given(
+    numbers=st.lists(
+        st.integers(min_value=2**63 - 2, max_value=2**200)
+        | st.integers(min_value=-(2**200), max_value=-(2**63) + 2)
+        | st.integers()
+        | st.floats(allow_nan=False, allow_infinity=False),
+        min_size=1,
+        max_size=4,
+    )
+)
+def test_streamed_numbers_of_any_size_read_as_the_whole_file_reads_them(numbers):
+    items = [
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"c{i}"}, "data": {"n": n}}
+        for i, n in enumerate(numbers)
+    ]
+    text = json.dumps({"apiVersion": "v1", "kind": "List", "items": items})
+    whole = [doc.obj for doc in documents_in(text, "cluster.json")]
+    streamed = [
+        list_item(item, Location("cluster.json", 1, i)).obj for i, item in enumerate(list_items(text), 1)
+    ]
+    # 2**64 == float(2**64): compare the text, so that an integer read as a float shows.
+    assert json.dumps(streamed) == json.dumps(whole) == json.dumps(items)
 
 
 @pytest.mark.parametrize(

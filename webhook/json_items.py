@@ -37,13 +37,9 @@ def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return obj
 
 
-def _integer(digits: str) -> int | float:
-    value = int(digits)
-    # orjson reads integers outside [-2**63, 2**64) as floats; the whole-file read must agree.
-    return value if -(2**63) <= value < 2**64 else float(value)
-
-
-_DECODER = json.JSONDecoder(parse_constant=_no_constants, object_pairs_hook=_object, parse_int=_integer)
+# The whole-file read (``manifests.documents_in``) is the standard library's decoder too:
+# integers of any size stay integers, as they do there.
+_DECODER = json.JSONDecoder(parse_constant=_no_constants, object_pairs_hook=_object)
 
 
 def list_items(text: str) -> Iterator[Any]:

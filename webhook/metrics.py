@@ -207,11 +207,26 @@ class Metrics:
         return generate_latest(registry)
 
 
+class _LabelledValues:
+    """A labelled gauge published whole each time: a label set missing from the new values is
+    set to 0, because a multi-process gauge cannot drop one (it would read its last value)."""
+
+    def __init__(self, gauge: Gauge) -> None:
+        self._gauge = gauge
+        self._published: set[tuple[str, ...]] = set()
+
+    def publish(self, values: dict[tuple[str, ...], float]) -> None:
+        for labels in self._published - values.keys():
+            self._gauge.labels(*labels).set(0)
+        for labels, value in values.items():
+            self._gauge.labels(*labels).set(value)
+        self._published |= values.keys()
+
+
 class AuditGauges:
     """The periodic audit's findings by type and namespace (``serve --audit-interval``).
 
-    A multi-process gauge cannot be removed, so a label set whose findings went away is set
-    to 0 rather than dropped: a resolved finding reads as 0, never as its last count.
+    A resolved finding reads as 0, never as its last count.
     """
 
     def __init__(self, registry: CollectorRegistry | None) -> None:
@@ -236,16 +251,12 @@ class AuditGauges:
             multiprocess_mode="livemax",
             registry=registry,
         )
-        self._published: set[tuple[str, str]] = set()
+        self._findings = _LabelledValues(self.findings)
 
     def publish(
         self, counts: dict[tuple[str, str], int], source: str, finished_at: float, took: float
     ) -> None:
-        for labels in self._published - counts.keys():
-            self.findings.labels(*labels).set(0)
-        for labels, count in counts.items():
-            self.findings.labels(*labels).set(count)
-        self._published |= counts.keys()
+        self._findings.publish(counts)
         self.last_run.labels(source).set(finished_at)
         self.duration.labels(source).set(took)
 
@@ -277,16 +288,14 @@ class StormGauges:
             multiprocess_mode="livesum",
             registry=registry,
         )
-        self._published: set[tuple[str, str]] = set()
+        self._open = _LabelledValues(self.open)
 
     def publish(self, storm) -> None:
+        """Open breakers read 1, breakers that closed since the last publish 0."""
         storm.prune(time.time())
-        current = {(b.owner.namespace, f"{b.owner.kind}/{b.owner.name}") for b in storm.open_breakers()}
-        for labels in self._published - current:
-            self.open.labels(*labels).set(0)
-        for labels in current:
-            self.open.labels(*labels).set(1)
-        self._published |= current
+        self._open.publish(
+            {(b.owner.namespace, f"{b.owner.kind}/{b.owner.name}"): 1 for b in storm.open_breakers()}
+        )
         self.trips.set(storm.trips)
         self.probes.set(storm.probes)
 

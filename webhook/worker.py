@@ -291,11 +291,11 @@ class GuardWorker(ThreadWorker):
     """``gthread`` with the TLS handshake and the request read in the event loop."""
 
     def init_process(self) -> None:
-        self.init_loop()
+        self._init_loop()
         self._fit_descriptor_limit()
         super().init_process()
 
-    def init_loop(self) -> None:
+    def _init_loop(self) -> None:
         """The loop's own state, and its settings from the application (``GuardServer``)."""
         self.pending_requests: OrderedDict[TConn, _Pending] = OrderedDict()  # oldest first
         self.silent: OrderedDict[TConn, _Pending] = OrderedDict()  # no byte yet; oldest first

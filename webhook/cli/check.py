@@ -51,7 +51,7 @@ def check(
     skipped), 1 any denied (or warned, with --warnings-as-errors), 2 usage or input error.
     """
     from ..dryrun import Summary, check_documents
-    from ..state.snapshot import collector_paused
+    from ..state.gc_pause import collector_paused
     from . import render
 
     config = load_config(config_path)

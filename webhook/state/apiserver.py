@@ -17,8 +17,8 @@ from typing import Any
 import orjson
 import urllib3
 
+from .gc_pause import collector_paused
 from .list_body import UnreadableList, list_items
-from .snapshot import collector_paused
 
 RESOURCES = {
     "nodes": "/api/v1/nodes",

@@ -32,8 +32,8 @@ from ..kube.dra import claim_key
 from ..kube.errors import FieldError
 from .apiserver import DRA_GROUP_VERSION, MAX_EVENT_BYTES, ApiError, ApiServer, EventTooLarge, watch_lines
 from .devices import DeviceIndex
+from .gc_pause import collector_paused
 from .model import ClusterState, node_from, object_key, pod_record
-from .snapshot import collector_paused
 from .source import Readiness, StateView
 from .storm import StormBreakers
 

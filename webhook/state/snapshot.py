@@ -7,9 +7,7 @@ is read the ordinary way, with the same records and the same errors.
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
@@ -18,6 +16,7 @@ from ..kube.errors import FieldError
 from ..kube.workloads import api_group
 from ..manifests import Document, Location, ManifestError, list_item, manifest_files, read_documents
 from .devices import DeviceIndex
+from .gc_pause import collector_paused
 from .model import ClusterState, node_from, object_key, pod_record
 from .storm import StormBreakers
 
@@ -57,18 +56,6 @@ def read_snapshot(paths: Iterable[str], build: Callable[[Iterable[Document | Man
             return build(_streamed_documents(paths))
         except NotStreamable:
             return build(read_documents(paths))
-
-
-@contextmanager
-def collector_paused() -> Iterator[None]:
-    """The cyclic garbage collector off for a bulk build of acyclic objects."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 # The DRA objects a snapshot may carry (``kubectl get ...,resourceslices,resourceclaims,
