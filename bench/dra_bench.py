@@ -174,7 +174,9 @@ def live(work: Path, dra: bool, measure) -> tuple[float, float, object]:
         url = fake.stdout.readline().strip()
         kubeconfig = write_kubeconfig(work / "kubeconfig", url, Cluster().token)
         started = time.monotonic()
-        with live_server(work, "--kubeconfig", kubeconfig, "--config", str(work / "config.yaml")) as server:
+        with live_server(
+            work, "--kubeconfig", kubeconfig, "--config", str(work.parent / "config.yaml")
+        ) as server:
             ready = time.monotonic() - started
             time.sleep(3.0)  # both workers listed everything
             rss = worker_rss(server)

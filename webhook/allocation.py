@@ -88,16 +88,7 @@ class InFlight:
             return None  # a foreign or damaged entry holds nothing
 
 
-def _load(raw: Any) -> tuple[list[InFlight], bool]:
-    if raw is None:
-        return [], False
-    if not isinstance(raw, list):
-        return [], True
-    entries = [e for e in map(InFlight.from_json, raw) if e is not None]
-    return entries, len(entries) != len(raw)
-
-
-IN_FLIGHT = Codec(_load, lambda entries: [e.as_json() for e in entries])
+IN_FLIGHT = Codec.listing(InFlight)
 
 
 def kept(entry: InFlight, state: ClusterState, now: float) -> bool:

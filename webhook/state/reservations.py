@@ -186,17 +186,23 @@ class Codec:
     load: Callable[[Any], tuple[Any, bool]]
     dump: Callable[[Any], Any]
 
+    @classmethod
+    def listing(cls, record: Any) -> Codec:
+        """A list of ``record``s (``record.from_json`` gives one or None, ``.as_json`` its JSON):
+        an entry that does not parse holds nothing, and marks the store damaged."""
 
-def _load_reservations(raw: Any) -> tuple[list[Reservation], bool]:
-    if raw is None:
-        return [], False
-    if not isinstance(raw, list):
-        return [], True
-    entries = [r for r in map(Reservation.from_json, raw) if r is not None]
-    return entries, len(entries) != len(raw)
+        def load(raw: Any) -> tuple[list[Any], bool]:
+            if raw is None:
+                return [], False
+            if not isinstance(raw, list):
+                return [], True
+            entries = [e for e in map(record.from_json, raw) if e is not None]
+            return entries, len(entries) != len(raw)
+
+        return cls(load, lambda entries: [e.as_json() for e in entries])
 
 
-RESERVATIONS = Codec(_load_reservations, lambda entries: [r.as_json() for r in entries])
+RESERVATIONS = Codec.listing(Reservation)
 
 
 # ``decide(stored) -> bool``: given every reservation a store holds for the node (the new pod's
