@@ -130,8 +130,11 @@ def _mappings(obj: Mapping[str, Any], key: str, field: str) -> list[Mapping[str,
     value = obj.get(key)
     if value is None:
         return []
-    if not isinstance(value, list) or not all(isinstance(item, MAPPING) for item in value):
+    if not isinstance(value, list):
         raise FieldError(field, "must be a list of objects")
+    for item in value:  # decoded JSON holds dicts: the abstract Mapping check only for the rest
+        if type(item) is not dict and not isinstance(item, MAPPING):
+            raise FieldError(field, "must be a list of objects")
     return value
 
 
