@@ -281,3 +281,29 @@ def test_the_periodic_audit_counts_devices_handed_out_twice():
         'admit_guard_audit_findings{namespace="ml",type="DeviceAlreadyAllocated"} 1.0'
         in metrics.scrape().decode()
     )
+
+
+def test_a_read_only_allocation_table_still_coordinates_through_the_pools_lease(
+    tmp_path, leases, monkeypatch
+):
+    import errno
+
+    from webhook.allocation import allocation_stores
+    from webhook.state import reservations
+
+    _, store = leases
+
+    def read_only(self, path, codec):
+        raise OSError(errno.EROFS, "Read-only file system", str(path))
+
+    monkeypatch.setattr(reservations._TableFile, "__init__", read_only)
+    conf = config_from_dict({})
+    table, pool_leases = allocation_stores(tmp_path / "t", store.api, "admit-guard")
+    guard = AllocationGuard(conf, table, pool_leases)
+    client = create_app(conf, FixedState(one_gpu_left()), allocation_guard=guard).test_client()
+    first = answer(client, status_update(claim("a", namespace="ml", results=[result("gpu-1")])))
+    assert first["allowed"] is True and "warnings" not in first
+    second = answer(client, status_update(claim("b", namespace="ml", results=[result("gpu-1")])))
+    assert second["allowed"] is False and second["status"]["reason"] == "DeviceAlreadyAllocated"
+    metrics = client.get("/metrics").get_data(as_text=True)
+    assert 'admit_guard_reservation_table_trouble_total{reason="table-error"} 2.0' in metrics

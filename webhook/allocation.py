@@ -147,7 +147,7 @@ class AllocationGuard:
         budget = Budget.start(settings.wait_seconds, settings.deadline_seconds)
         findings: list = []
         try:
-            fits = self._decide(pools, new, source, req, now, budget, findings)
+            fits = self._decide(pools, new, source, req, now, budget, findings, outcome)
         except _StateGone as err:
             return _unchecked(outcome, STATE_UNAVAILABLE, str(err))
         except Busy as err:
@@ -161,8 +161,8 @@ class AllocationGuard:
             return _unchecked(outcome, DEADLINE, str(err))
         except ApiError as err:
             return _unchecked(outcome, API_ERROR, str(err))
-        except OSError as err:
-            return _unchecked(outcome, TABLE_ERROR, f"the allocation table failed: {err}")
+        except _TableFailed as err:
+            return _unchecked(outcome, TABLE_ERROR, str(err))
         if fits:
             return outcome
         if mode == "warn":
@@ -171,9 +171,12 @@ class AllocationGuard:
             return outcome
         return _deny(outcome, [(f.reason, f.message) for f in findings])
 
-    def _decide(self, pools, new: InFlight, source, req, now, budget: Budget, findings: list) -> bool:
+    def _decide(
+        self, pools, new: InFlight, source, req, now, budget: Budget, findings: list, outcome: Outcome
+    ) -> bool:
         """Lock every pool's table (in order), judge against the index plus what the tables
-        and the pools' Leases hold in flight, and record ``new`` in each."""
+        and the pools' Leases hold in flight, and record ``new`` in each. A table that fails
+        leaves the Leases to coordinate (``table-error``); without Leases nothing would."""
         dropped: set[str] = set()
 
         def judge(entries: list[InFlight]) -> bool:
@@ -191,11 +194,7 @@ class AllocationGuard:
             return entry.claim not in dropped and entry.claim != new.claim
 
         with ExitStack() as stack:
-            held = (
-                [stack.enter_context(self.local.locked(p, budget.wait_until)) for p in pools]
-                if self.local
-                else []
-            )
+            held = self._locked_tables(stack, pools, budget, outcome)
             local = _merged(*(h.entries for h in held))
             if not judge(local):
                 return False  # the replica's own records deny: no round trip
@@ -213,8 +212,25 @@ class AllocationGuard:
                     return False
                 seen = _merged(seen, leased)
             for pool, table in zip(pools, held, strict=True):
-                table.store([*(e for e in _merged(table.entries, seen) if keep(e) and pool in e.pools), new])
+                try:
+                    table.store(
+                        [*(e for e in _merged(table.entries, seen) if keep(e) and pool in e.pools), new]
+                    )
+                except OSError:
+                    outcome.table_trouble = TABLE_ERROR  # the Leases hold what must be shared
         return True
+
+    def _locked_tables(self, stack: ExitStack, pools: list[str], budget: Budget, outcome: Outcome) -> list:
+        if self.local is None:
+            return []
+        try:
+            return [stack.enter_context(self.local.locked(p, budget.wait_until)) for p in pools]
+        except OSError as err:
+            stack.close()
+            outcome.table_trouble = TABLE_ERROR
+            if self.leases is None:
+                raise _TableFailed(f"the allocation table failed: {err}") from None
+            return []
 
     def _exempt(self, req: AdmissionRequest) -> bool:
         return req.namespace in self.config.excluded_namespaces or self.config.exempts(
@@ -244,6 +260,10 @@ class AllocationGuard:
 
 class _StateGone(Exception):
     """No device state to judge against."""
+
+
+class _TableFailed(Exception):
+    """The replica's table failed and no Lease coordinates: nothing held the decision."""
 
 
 def _merged(*stores: list[InFlight]) -> list[InFlight]:

@@ -123,8 +123,8 @@ class Metrics:
         )
         self.binding_fail_open = Counter(
             "admit_guard_binding_fail_open",
-            "Binds allowed unchecked, by why: pod-unknown, state-unavailable, node-unknown, "
-            "api-error, deadline, table-error, busy.",
+            "Binds (and DRA allocations) allowed unchecked, by why: pod-unknown, state-unavailable, "
+            "node-unknown, api-error, deadline, table-error, busy.",
             ["reason"],
             registry=registry,
         )
