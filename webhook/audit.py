@@ -384,7 +384,10 @@ def _mixed(node, usage, config: Config, bypass: frozenset[str]) -> list[Finding]
                 holders.setdefault(resource, Counter())[holder] += 1
     findings = []
     for resource, counts in sorted(holders.items()):
-        if len(counts) < 2:
+        # Judged as a bind to this node is (deviceScheduler.node_conflicts): the owner configured
+        # for the node's pool, else the schedulers whose pods hold the device here.
+        owner = devices.configured_owner(resource, node.labels)
+        if len(counts) < 2 and (owner is None or owner in counts):
             continue
         allocatable = node.allocatable.get(resource, 0)
         used = usage.requested.get(resource, 0)
@@ -393,11 +396,11 @@ def _mixed(node, usage, config: Config, bypass: frozenset[str]) -> list[Finding]
             f"{'pods that set spec.nodeName themselves' if h == BYPASS else h} ({_pods(n)})"
             for h, n in sorted(counts.items(), key=lambda item: (-item[1], item[0]))
         )
-        owner = devices.configured_owner(resource)
         advice = (
-            f"its configured owner is {owner}: move the other pods to it"
+            f"its configured owner on this node is {owner}: move the other pods to it"
             if owner
-            else f"give it one owner (policies.deviceScheduler.owners: {{{resource}: SCHEDULER}})"
+            else "give it one owner per node pool (policies.deviceScheduler.owners: "
+            f"[{{resource: {resource}, scheduler: SCHEDULER, nodeSelector: {{matchLabels: POOL}}}}])"
         )
         findings.append(
             Finding(
