@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.builders import container, node, pod
-from webhook.admission import VALIDATE, parse_review, review
+from webhook.admission import parse_review
 from webhook.audit import MIXED, node_findings
 from webhook.binding import BindGuard
 from webhook.config import ConfigError, config_from_dict
@@ -22,9 +22,13 @@ TOLERATE_GPU = [{"key": GPU, "operator": "Exists", "effect": "NoSchedule"}]
 POOLS = {
     "owners": [
         {"resource": GPU, "scheduler": "volcano", "nodeSelector": {"matchLabels": {"pool": "batch"}}},
-        {"resource": GPU, "scheduler": "default-scheduler", "nodeSelector": {"matchLabels": {"pool": "interactive"}}},
+        {
+            "resource": GPU,
+            "scheduler": "default-scheduler",
+            "nodeSelector": {"matchLabels": {"pool": "interactive"}},
+        },
     ]
-}  # fmt: skip
+}
 
 
 def gpu_node(name: str, pool: str | None = None, gpus: str = "8", **kwargs) -> dict:
@@ -271,11 +275,19 @@ def test_the_webhook_and_the_audit_judge_a_node_the_same_way(pools):
 
 def test_owners_per_pool_are_read_strictly_naming_the_field():
     bad = [
-        {"resource": GPU, "scheduler": "volcano", "nodeSelector": {"matchExpressions": [{"key": "pool", "operator": "Near"}]}},
+        {
+            "resource": GPU,
+            "scheduler": "volcano",
+            "nodeSelector": {"matchExpressions": [{"key": "pool", "operator": "Near"}]},
+        },
         {"resource": GPU, "nodeSelector": {"matchLabels": {"pool": 1}}},
         {"resource": GPU, "scheduler": "v", "nodeSelector": {}},
-        {"resource": GPU, "scheduler": "v", "nodeSelector": {"matchExpressions": [{"key": "a", "operator": "In"}]}},
-    ]  # fmt: skip
+        {
+            "resource": GPU,
+            "scheduler": "v",
+            "nodeSelector": {"matchExpressions": [{"key": "a", "operator": "In"}]},
+        },
+    ]
     with pytest.raises(ConfigError) as err:
         config(owners=bad)
     text = str(err.value)

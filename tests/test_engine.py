@@ -132,7 +132,9 @@ def gpu_job(scheduler=None, **spec):
 def test_device_pod_with_another_scheduler_than_the_detected_owner_is_denied(state):
     decision = evaluate(gpu_job(), "CREATE", state, Config())
     assert reasons(decision) == ["MixedDeviceScheduler"]
-    assert "gpu-1: nvidia.com/gpu is held by pods of volcano (default/trainer)" in decision.violations[0].message
+    assert (
+        "gpu-1: nvidia.com/gpu is held by pods of volcano (default/trainer)" in decision.violations[0].message
+    )
     assert evaluate(gpu_job("volcano"), "CREATE", state, Config()).allowed
 
 
