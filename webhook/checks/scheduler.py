@@ -76,7 +76,7 @@ def scheduler_filters(
     pod: PodUnderReview, node: Node, usage: NodeUsage, tolerations: list[Any] | None = None
 ) -> list[str]:
     """Why kube-scheduler's filters would not place ``pod`` on ``node`` now (empty: they would),
-    one status message per failing filter, in the scheduler's words."""
+    one status message per failing filter, in the scheduler's words and its plugin order."""
     usage = usage.without(pod.record.key)
     if tolerations is None:
         raw = pod.spec.get("tolerations")
@@ -84,12 +84,12 @@ def scheduler_filters(
     reasons = []
     if node.unschedulable and not any(tolerates(t, _UNSCHEDULABLE) for t in tolerations):
         reasons.append(UNSCHEDULABLE)
-    if not matches_node_selector_and_affinity(pod.spec, node.labels, node.name):
-        reasons.append(AFFINITY)
     taint = untolerated_taint(node.taints, tolerations, SCHEDULING_EFFECTS)
     if taint is not None:
         shown = f"{taint.key}: {taint.value}" if taint.value else taint.key
         reasons.append(f"node(s) had untolerated taint {{{shown}}}")
+    if not matches_node_selector_and_affinity(pod.spec, node.labels, node.name):
+        reasons.append(AFFINITY)
     if any(port_conflicts(p, usage.host_ports) for p in pod.record.host_ports):
         reasons.append(PORTS)
     reasons += insufficient(pod.record.requests, node.allocatable, usage)

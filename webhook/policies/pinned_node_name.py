@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..checks.placement import candidates, verdict
+from ..checks.scheduler import tolerations_of
 from ..kube.errors import FieldError
 from ..kube.selectors import is_empty_term
 from . import ALL_MODES, POD_SHAPE, Context, Finding, Patch, Review, StaticPolicy, read_mode
@@ -85,14 +86,24 @@ def _kubelet_verdict(
         return f"(Node capacity was not checked: {review.unreadable}.)"
     node = state.nodes.get(node_name)
     if node is None:
-        elsewhere = candidates(review.pod, state, skip=(node_name,), config=node_config).sentence()
+        elsewhere = _elsewhere(review, state, node_name, node_config)
         return f"Node {node_name} is not in the cluster state: no kubelet would run its pods. {elsewhere}"
     failures = verdict(review.pod, node, state, node_config)
     if failures:
         summaries = "; ".join(f.summary() for f in failures)
-        elsewhere = candidates(review.pod, state, skip=(node_name,), config=node_config).sentence()
+        elsewhere = _elsewhere(review, state, node_name, node_config)
         return f"Node {node_name} would reject it: {summaries}. {elsewhere}"
     return f"Node {node_name} would admit one pod now; the next pod that does not fit fails."
+
+
+def _elsewhere(
+    review: Review, state: ClusterState, node_name: str, node_config: NodeAdmissionConfig | None
+) -> str:
+    """Where its pods fit instead: the scheduler's filters and the kubelet's admission."""
+    tolerations = tolerations_of(review.shape)
+    return candidates(
+        review.pod, state, skip=(node_name,), config=node_config, tolerations=tolerations
+    ).sentence()
 
 
 _TERMS = ("affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution", "nodeSelectorTerms")
