@@ -101,6 +101,15 @@ class NodeUsage:
         """A snapshot to judge against after the state's lock is released."""
         return NodeUsage(dict(self.requested), dict(self.pods), self.host_ports.copy())
 
+    def with_pod(self, record: PodRecord) -> NodeUsage:
+        """A copy with one more pod (what the node would hold after it is admitted)."""
+        requested = dict(self.requested)
+        for resource, amount in record.requests.items():
+            requested[resource] = requested.get(resource, 0) + amount
+        ports = self.host_ports.copy()
+        ports.update(record.host_ports)
+        return NodeUsage(requested, {**self.pods, record.key: record}, ports)
+
     def without(self, key: str) -> NodeUsage:
         """A copy without one pod: the incoming pod never counts against itself."""
         record = self.pods.get(key)
