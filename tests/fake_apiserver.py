@@ -27,6 +27,9 @@ LEASES = re.compile(
     r"/apis/coordination\.k8s\.io/v1/namespaces/(?P<namespace>[^/]+)/leases(?:/(?P<name>[^/]+))?"
 )
 LIST_KINDS = {"nodes": "NodeList", "pods": "PodList"}
+# Discovery (``/apis``, ``/apis/GROUP/VERSION``): group → (its preferred groupVersion, its
+# resources as (plural, kind)). Empty: the cluster serves no API group beyond these lists.
+API_GROUPS: dict[str, tuple[str, list[tuple[str, str]]]] = {}
 
 
 @dataclass
@@ -197,6 +200,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _get(self) -> None:
         url = urlparse(self.path)
+        if url.path == "/apis" or (url.path.startswith("/apis/") and url.path.count("/") == 3):
+            return self._discovery(url.path)
         resource = PATHS.get(url.path)
         query = {k: v[0] for k, v in parse_qs(url.query).items()}
         self.cluster.requests.append(f"{resource} {'watch' if query.get('watch') else 'list'}")
@@ -211,6 +216,28 @@ class _Handler(BaseHTTPRequestHandler):
                 resource, int(query.get("resourceVersion") or 0), int(query.get("timeoutSeconds", 60))
             )
         return self._list(resource, int(query.get("limit") or 0), query.get("continue", ""))
+
+    def _discovery(self, path: str) -> None:
+        if self.headers.get("Authorization") != f"Bearer {self.cluster.token}":
+            return self._status(401, "Unauthorized", "invalid bearer token")
+        if path == "/apis":
+            groups = [
+                {"name": name, "versions": [{"groupVersion": gv}], "preferredVersion": {"groupVersion": gv}}
+                for name, (gv, _) in API_GROUPS.items()
+            ]
+            return self._send(
+                200, orjson.dumps({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
+            )
+        served = {gv: resources for gv, resources in API_GROUPS.values()}
+        group_version = path.removeprefix("/apis/")
+        if group_version not in served:
+            return self._status(404, "NotFound", f"{path} not found")
+        resources = [
+            {"name": plural, "kind": kind, "namespaced": True, "verbs": ["get", "list", "watch"]}
+            for plural, kind in served[group_version]
+        ]
+        body = {"kind": "APIResourceList", "groupVersion": group_version, "resources": resources}
+        return self._send(200, orjson.dumps(body))
 
     def _list(self, resource: str, limit: int, token: str) -> None:
         cluster = self.cluster

@@ -31,7 +31,7 @@ from .kube.quantity import format_amount
 from .kube.rejection import Owner
 from .kube.resources import is_extended_resource
 from .policies import Review, pinned_node_name
-from .state.inventory import Inventory, RejectedPod, Workload
+from .state.inventory import Inventory, PinnedTemplate, RejectedPod, Workload
 from .state.model import ClusterState
 
 PINNED = "PinnedNodeName"
@@ -149,23 +149,27 @@ def worst_first(findings: Iterable[Finding]) -> list[Finding]:
 
 
 def pinned_findings(inventory: Inventory, config: Config) -> list[Finding]:
-    """Top-level workloads that pin nodeName; a ReplicaSet of a known Deployment is reported
-    through its Deployment (same template), not twice."""
+    """Top-level workloads that pin nodeName, one finding per pinned template; a ReplicaSet of a
+    known Deployment is reported through its Deployment (same template), not twice."""
     findings = []
     for workload in inventory.workloads:
-        if workload.pinned is None or workload.namespace in config.excluded_namespaces:
+        if not workload.pinned or workload.namespace in config.excluded_namespaces:
             continue
         if workload.owner is not None and inventory.workload(workload.owner) is not None:
             continue
-        findings.append(_pinned(workload, inventory.state))
+        findings += [_pinned(workload, template, inventory.state) for template in workload.pinned]
     return findings
 
 
-def _pinned(workload: Workload, state: ClusterState) -> Finding:
-    obj, shape, pod = workload.pinned
-    [policy_finding] = pinned_node_name.findings(Review(obj, shape, pod, "CREATE"), state)
-    node = state.nodes.get(workload.node_name)
-    rejects = node is None or bool(kubelet_admission(pod, node, state.usage(node.name)))
+def _pinned(workload: Workload, template: PinnedTemplate, state: ClusterState) -> Finding:
+    review = Review(template.obj, template.shape, template.pod, "CREATE", template=template.where)
+    [policy_finding] = pinned_node_name.findings(review, state)
+    node_name = str(template.shape.spec.get("nodeName"))
+    node = state.nodes.get(node_name)
+    rejects = node is None or bool(kubelet_admission(template.pod, node, state.usage(node.name)))
+    count = workload.replicas
+    if template.where:  # a custom resource: the replicas beside this template
+        count = pinned_node_name.replicas(template.obj, template.shape.path) or 1
     return Finding(
         PINNED,
         "high" if rejects else "medium",
@@ -173,8 +177,8 @@ def _pinned(workload: Workload, state: ClusterState) -> Finding:
         workload.kind,
         workload.name,
         policy_finding.message,
-        node=workload.node_name,
-        count=workload.replicas,
+        node=node_name,
+        count=count,
         api_version=workload.api_version,
         uid=workload.uid,
     )
