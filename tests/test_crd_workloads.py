@@ -226,3 +226,34 @@ def test_a_config_entry_for_a_built_in_custom_resource_replaces_its_paths(state)
         }
     )
     assert [t.where for t in cfg.workloads.shapes(ray)] == ["spec.headGroupSpec.template"]
+
+
+# -- the webhook ----------------------------------------------------------------------------
+
+
+def admission_review(obj: dict, group: str, version: str, kind: str) -> bytes:
+    import orjson
+
+    return orjson.dumps({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "u", "kind": {"group": group, "version": version, "kind": kind},
+            "resource": {"group": group, "version": version, "resource": f"{kind.lower()}s"},
+            "namespace": "ml", "operation": "CREATE", "userInfo": {"username": "alice"}, "object": obj,
+        },
+    })  # fmt: skip
+
+
+def test_the_webhook_denies_a_volcano_job_and_the_mutating_webhook_patches_its_task(state):
+    from webhook.admission import MUTATE, VALIDATE, parse_review, review
+
+    job = load(EXAMPLES / "volcano-job.yaml")
+    request = parse_review(admission_review(job, "batch.volcano.sh", "v1alpha1", "Job"))
+    denied = review(request, VALIDATE, state, config())
+    assert denied.response["allowed"] is False
+    assert denied.response["status"]["reason"] == "PinnedNodeName"
+    assert "Job ml/test-job (template spec.tasks[1].template)" in denied.response["status"]["message"]
+    fixed = review(request, MUTATE, state, config(pinnedNodeName={"mode": "fix"}))
+    assert fixed.response["patchType"] == "JSONPatch"
+    assert fixed.reasons == ["PinnedNodeName"]

@@ -324,3 +324,21 @@ def test_vap_refuses_an_exemption_it_cannot_express(tmp_path):
     config.write_text('exemptions: [{users: ["o\'brien"]}]\n')
     result = CliRunner().invoke(main, ["vap", "--config", str(config)])
     assert result.exit_code == 2 and "exemptions[0].users" in result.stderr
+
+
+def test_every_built_in_workload_kind_reaches_the_validating_and_the_mutating_webhooks(rendered):
+    from webhook.kube.workloads import BUILT_IN
+
+    docs = rendered["self-signed"]
+    for kind in ("ValidatingWebhookConfiguration", "MutatingWebhookConfiguration"):
+        [hooks] = objects(docs, kind)
+        covered = {
+            (group, resource)
+            for hook in hooks["webhooks"]
+            for rule in hook["rules"]
+            if set(rule["operations"]) == {"CREATE", "UPDATE"}
+            for group in rule["apiGroups"]
+            for resource in rule["resources"]
+        }
+        for workload in BUILT_IN.kinds:
+            assert (workload.group, f"{workload.kind.lower()}s") in covered, (kind, workload.kind)
