@@ -56,6 +56,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/binding_bench.py
 	$(BIN)/python bench/slow_lease_bench.py
 	$(BIN)/python bench/dra_index_bench.py
+	$(BIN)/python bench/workload_table_bench.py
 
 # promtool (Debian's prometheus package) for the alert rules' unit tests.
 promtool:
