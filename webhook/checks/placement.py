@@ -14,10 +14,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from ..kube.resources import is_extended_resource
 from ..state.model import ClusterState, Node
 from .failure import Failure
 from .kubelet import PodUnderReview, kubelet_admission
-from .scheduler import scheduler_filters
+from .scheduler import placeable, scheduler_filters
 
 MESSAGE_SCAN = 32  # nodes examined for a denial message
 MESSAGE_NAMES = 3  # nodes named in it
@@ -70,6 +71,24 @@ def placement(
     return Placement(node.name, tuple(scheduler), tuple(verdict(pod, node, state, config)))
 
 
+def fits(
+    pod: PodUnderReview,
+    node: Node,
+    state: ClusterState,
+    config: SysctlAllowlists | None = None,
+    tolerations: list | None = None,
+) -> bool:
+    """``placement(...).fits``, the cheapest questions first (a message asks it of many nodes)."""
+    if tolerations is None:
+        raw = pod.spec.get("tolerations")
+        tolerations = raw if isinstance(raw, list) else []
+    if not placeable(pod.spec, node, tolerations):
+        return False
+    return not scheduler_filters(pod, node, state.usage(node.name), tolerations) and not verdict(
+        pod, node, state, config
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Candidates:
     """Up to ``MESSAGE_NAMES`` nodes where the pod fits, from the nodes scanned."""
@@ -100,10 +119,23 @@ def candidates(
     pod, skipped = unpinned(pod), set(skip)
     admitting: list[str] = []
     scanned = 0
-    for name, node in state.nodes.items():
+    for name in _offering(pod, state):
         if scanned == MESSAGE_SCAN or len(admitting) == MESSAGE_NAMES:
             break
         scanned += 1
-        if name not in skipped and placement(pod, node, state, config, tolerations).fits:
+        node = state.nodes.get(name)
+        if node is not None and name not in skipped and fits(pod, node, state, config, tolerations):
             admitting.append(name)
     return Candidates(tuple(admitting), scanned, len(state.nodes))
+
+
+def _offering(pod: PodUnderReview, state: ClusterState) -> Iterable[str]:
+    """The nodes worth examining: those that advertise every extended resource the pod asks for
+    (the scheduler places it nowhere else), else all of them."""
+    extended = [r for r, amount in pod.record.requests.items() if amount > 0 and is_extended_resource(r)]
+    if not extended:
+        return state.nodes
+    offering = set(state.nodes_offering(extended[0]))
+    for resource in extended[1:]:
+        offering &= state.nodes_offering(resource)
+    return sorted(offering)
