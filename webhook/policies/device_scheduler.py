@@ -20,7 +20,8 @@ one scheduler on one GPU pool and another on the next, and they never collide.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import itertools
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any
@@ -417,14 +418,15 @@ def _unpinned(
         owners = [NodeOwner(d.name, "", rule, {}) for d, rule in zip(devices, rules, strict=True)]
         return _different_owners(review, owners) or _wrong_owner(review, scheduler, owners)
     reachable = _reachable(review, devices, state)
-    if reachable is None:
+    first = next(reachable, None) if reachable is not None else None
+    if first is None:
         return _by_selectors(review, scheduler, devices, config)
-    return _by_nodes(review, scheduler, devices, reachable, state, config)
+    return _by_nodes(review, scheduler, devices, itertools.chain((first,), reachable), state, config)
 
 
-def _reachable(review: Review, devices: list[Device], state: ClusterState | None) -> list[Node] | None:
-    """The nodes the pod can be placed on that offer every device it asks for; None when the
-    state holds no such node (no state, or nodes not known): judged by the selectors alone."""
+def _reachable(review: Review, devices: list[Device], state: ClusterState | None) -> Iterator[Node] | None:
+    """The nodes the pod can be placed on that offer every device it asks for (lazily: a safe
+    node ends the search); None without state or with no node offering them."""
     if state is None:
         return None
     offering: set[str] | None = None
@@ -436,26 +438,28 @@ def _reachable(review: Review, devices: list[Device], state: ClusterState | None
         return None
     tolerations = tolerations_of(review.shape)
     spec = review.shape.spec
-    return [
+    return (
         node
-        for name in sorted(offering)
+        for name in offering
         if (node := state.nodes.get(name)) is not None and placeable(spec, node, tolerations)
-    ] or None
+    )
 
 
 def _by_nodes(
     review: Review,
     scheduler: str,
     devices: list[Device],
-    nodes: list[Node],
+    nodes: Iterable[Node],
     state: ClusterState,
     config: DeviceSchedulerConfig,
 ) -> list[Finding]:
     """Deny when a configured owner of a node it can reach is another scheduler, or when every
-    node it can reach already holds another scheduler's device pods; any safe node allows it."""
+    node it can reach already holds another scheduler's device pods; any safe node allows it
+    (and, when no owner is configured for its devices, ends the search)."""
     configured_elsewhere: dict[str, list[str]] = {}  # other owner → nodes
     own_pool: list[str] = []
     occupied: list[list[NodeOwner]] = []
+    unconfigured = all(d.resource and not config.rules_for(d.name) for d in devices)
     safe = False
     for node in nodes:
         owners = [node_owner(d, node.name, node.labels, state, config) for d in devices]
@@ -472,12 +476,16 @@ def _by_nodes(
         racing = [o for o in owners if o.others(scheduler)]
         if racing:
             occupied.append(racing)
-        else:
-            safe = True
+            continue
+        safe = True
+        if unconfigured:
+            return []  # a safe place, and no pool of another owner to find
     if configured_elsewhere:
-        return _wrong_pool(review, scheduler, configured_elsewhere, own_pool, config)
+        pools = {owner: sorted(names) for owner, names in configured_elsewhere.items()}
+        return _wrong_pool(review, scheduler, pools, sorted(own_pool), config)
     if safe or not occupied:
         return []
+    occupied.sort(key=lambda racing: racing[0].node)
     return [_everywhere_mixed(review, scheduler, occupied, state)]
 
 
