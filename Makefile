@@ -59,6 +59,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/slow_lease_bench.py
 	$(BIN)/python bench/dra_bench.py
 	$(BIN)/python bench/dra_index_bench.py
+	$(BIN)/python bench/workload_table_bench.py
 
 # requirements.lock, which the image installs: every runtime dependency pinned with its hashes,
 # resolved from the default package index within pyproject.toml's bounds. Local pip settings

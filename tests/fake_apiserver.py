@@ -44,6 +44,9 @@ LIST_KINDS = {
     "resourceclaims": "ResourceClaimList",
     "deviceclasses": "DeviceClassList",
 }
+# Discovery (``/apis``, ``/apis/GROUP/VERSION``): group → (its preferred groupVersion, its
+# resources as (plural, kind)). Empty: the cluster serves no API group beyond these lists.
+API_GROUPS: dict[str, tuple[str, list[tuple[str, str]]]] = {}
 
 
 @dataclass
@@ -223,6 +226,8 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(
                 200, orjson.dumps({"kind": "APIResourceList", "groupVersion": "resource.k8s.io/v1"})
             )
+        if url.path == "/apis" or (url.path.startswith("/apis/") and url.path.count("/") == 3):
+            return self._discovery(url.path)
         resource = PATHS.get(url.path)
         if resource in DRA and not self.cluster.serves_dra:
             resource = None
@@ -245,6 +250,28 @@ class _Handler(BaseHTTPRequestHandler):
         if self.cluster.ignore_limit:
             return self._whole_list(resource)
         return self._list(resource, int(query.get("limit") or 0), query.get("continue", ""))
+
+    def _discovery(self, path: str) -> None:
+        if self.headers.get("Authorization") != f"Bearer {self.cluster.token}":
+            return self._status(401, "Unauthorized", "invalid bearer token")
+        if path == "/apis":
+            groups = [
+                {"name": name, "versions": [{"groupVersion": gv}], "preferredVersion": {"groupVersion": gv}}
+                for name, (gv, _) in API_GROUPS.items()
+            ]
+            return self._send(
+                200, orjson.dumps({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
+            )
+        served = {gv: resources for gv, resources in API_GROUPS.values()}
+        group_version = path.removeprefix("/apis/")
+        if group_version not in served:
+            return self._status(404, "NotFound", f"{path} not found")
+        resources = [
+            {"name": plural, "kind": kind, "namespaced": True, "verbs": ["get", "list", "watch"]}
+            for plural, kind in served[group_version]
+        ]
+        body = {"kind": "APIResourceList", "groupVersion": group_version, "resources": resources}
+        return self._send(200, orjson.dumps(body))
 
     def _list(self, resource: str, limit: int, token: str) -> None:
         cluster = self.cluster

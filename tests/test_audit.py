@@ -579,6 +579,9 @@ class PagedApi:
         self.objects = objects
         self.requests: list[tuple[str, str]] = []
 
+    def served_kinds(self, groups):
+        return {}  # no custom resources served
+
     def list_page(self, resource, limit, token=""):
         self.requests.append((resource, token))
         items = self.objects.get(resource, [])
@@ -726,3 +729,74 @@ def test_an_ownership_loop_ends_the_walk_instead_of_hanging():
     pods = [rejected(f"p{i}", ("ReplicaSet", "w0", "w0")) for i in range(3)]
     [group] = audit.storm_groups(inventory(a, b, *pods))
     assert group.owner.uid in {"w0", "w1"} and group.count == 3
+
+
+def test_a_live_audit_lists_the_custom_resources_the_cluster_serves_and_skips_the_others(
+    tmp_path, monkeypatch
+):
+    from tests import fake_apiserver
+    from webhook.state.apiserver import RESOURCES
+    from webhook.state.inventory import LIVE_RESOURCES
+
+    volcano_jobs = "/apis/batch.volcano.sh/v1alpha1/jobs"
+    for resource, kind, _ in LIVE_RESOURCES:
+        monkeypatch.setitem(fake_apiserver.PATHS, RESOURCES[resource], resource)
+        monkeypatch.setitem(fake_apiserver.LIST_KINDS, resource, f"{kind}List")
+    monkeypatch.setitem(fake_apiserver.PATHS, volcano_jobs, "volcano-jobs")
+    monkeypatch.setitem(fake_apiserver.LIST_KINDS, "volcano-jobs", "JobList")
+    # Volcano is installed; JobSet, Kubeflow, KubeRay, LWS and Trainer are not.
+    monkeypatch.setitem(
+        fake_apiserver.API_GROUPS, "batch.volcano.sh", ("batch.volcano.sh/v1alpha1", [("jobs", "Job")])
+    )
+    resources = [*(r for r, _, _ in LIVE_RESOURCES), "volcano-jobs"]
+    cluster = fake_apiserver.Cluster(
+        objects={r: {} for r in resources},
+        log={r: [] for r in resources},
+        floor={r: 0 for r in resources},
+        faults={r: [] for r in resources},
+    )
+    cluster.load("nodes", [bare(node("gpu-1", pods="1"))])
+    cluster.load("pods", [bare(pod("busy", node_name="gpu-1"))])
+    task = {
+        "replicas": 2,
+        "template": {"spec": {"nodeName": "gpu-1", "containers": [{"name": "c", "image": "i"}]}},
+    }
+    job = {
+        "metadata": {"name": "train", "namespace": "ml", "uid": "vj-1"},
+        "spec": {"tasks": [{"template": {"spec": {"containers": []}}}, task]},
+    }
+    cluster.load("volcano-jobs", [job])
+    server = fake_apiserver.FakeApiServer(cluster)
+    try:
+        result = run_audit("--kubeconfig", server.kubeconfig(tmp_path / "kubeconfig"), "-o", "json")
+    finally:
+        server.close()
+    assert result.exit_code == 1, result.output
+    [finding] = json.loads(result.stdout)["findings"]
+    assert (finding["type"], finding["kind"], finding["name"], finding["node"], finding["count"]) == (
+        audit.PINNED,
+        "Job",
+        "train",
+        "gpu-1",
+        2,
+    )
+    assert (
+        "Job ml/train (template spec.tasks[1].template) sets spec.tasks.1.template.spec.nodeName"
+        in finding["message"]
+    )
+    assert "volcano-jobs list" in cluster.requests
+
+
+def test_a_snapshot_audit_judges_every_pinned_template_of_a_custom_resource(tmp_path):
+    job = yaml.safe_load((Path(__file__).parent / "workloads" / "volcano-job.yaml").read_text())
+    job["metadata"]["namespace"] = "ml"
+    job["spec"]["tasks"][0]["template"]["spec"]["nodeName"] = "gpu-1"
+    result = run_audit(
+        "--cluster", write_snapshot(tmp_path, node("gpu-1", extra={"nvidia.com/gpu": "8"}), job), "-o", "json"
+    )
+    pinned = [f for f in json.loads(result.stdout)["findings"] if f["type"] == audit.PINNED]
+    assert sorted((f["kind"], f["name"], f["count"]) for f in pinned) == [
+        ("Job", "test-job", 1),
+        ("Job", "test-job", 6),
+    ]
+    assert all("(template spec.tasks[" in f["message"] for f in pinned)

@@ -189,12 +189,12 @@ def test_explain_json_follows_the_contract():
     result = cli("explain", "-f", PINNED, "--cluster", CLUSTER, "-o", "json")
     assert result.returncode == 0, result.stderr
     [entry] = json.loads(result.stdout)["results"]
-    assert set(entry) == {"kind", "namespace", "name", "nodes", "summary"}
+    assert set(entry) == {"kind", "namespace", "name", "template", "fit", "total", "nodes", "summary"}
     assert (entry["kind"], entry["namespace"], entry["name"]) == ("Deployment", "edge", "sensor-ingest")
-    assert all(set(n) == {"node", "admit", "reasons"} for n in entry["nodes"])
+    assert all(set(n) == {"node", "fits", "admit", "reasons", "scheduler"} for n in entry["nodes"])
     nodes = {n["node"] for n in entry["nodes"]}
     assert "edge-1" in nodes and len(nodes) == len(entry["nodes"])
-    assert " nodes would admit it" in entry["summary"]
+    assert " nodes fit" in entry["summary"]
 
 
 def test_explain_without_cluster_state_exits_2():

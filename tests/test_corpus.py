@@ -51,3 +51,35 @@ def _parses(path: Path) -> bool:
         return True
     except ValueError:
         return False
+
+
+@pytest.mark.skipif(not CORPUS.is_dir(), reason="shared/corpus is not beside the checkout")
+def test_every_operator_workload_in_the_corpus_gets_a_verdict():
+    """Volcano, JobSet, Kubeflow, KubeRay, LeaderWorkerSet and Trainer documents are judged,
+    never skipped: a verdict, or an input error at that document (a template variable where a
+    quantity belongs, a repeated key)."""
+    from webhook.kube.workloads import BUILT_IN
+
+    expected: dict[tuple[str, int], str] = {}
+    for path in sorted(CORPUS.rglob("*.yaml")):
+        try:
+            documents = list(yaml.load_all(path.read_text(), Loader=yaml.CSafeLoader))
+        except yaml.YAMLError:
+            continue
+        for number, doc in enumerate(documents, 1):
+            if isinstance(doc, dict) and BUILT_IN.kind_of(doc) is not None:
+                expected[(str(path), number)] = doc["kind"]
+    assert len(expected) >= 150
+    files = sorted({file for file, _ in expected})
+    result = CliRunner().invoke(
+        main, ["check", *(a for f in files for a in ("-f", f)), "--cluster", str(CLUSTER), "-o", "json"]
+    )
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    report = json.loads(result.stdout)
+    judged = {(r["file"], r["document"]): r for r in report["results"]}
+    errors = {(e["file"], e["document"]) for e in report["errors"]}
+    for key, kind in expected.items():
+        assert key in errors or (key in judged and not judged[key]["skipped"]), (key, kind)
+    verdicts = [judged[k] for k in expected if k in judged]
+    assert len(verdicts) >= len(expected) - 2  # two are input errors
+    assert any(not r["allowed"] for r in verdicts) and any(r["allowed"] for r in verdicts)

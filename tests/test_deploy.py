@@ -383,3 +383,21 @@ def test_the_client_auth_overlay_requires_the_api_servers_certificate(rendered):
         "/healthz",
         "/readyz",
     }
+
+
+def test_every_built_in_workload_kind_reaches_the_validating_and_the_mutating_webhooks(rendered):
+    from webhook.kube.workloads import BUILT_IN
+
+    docs = rendered["self-signed"]
+    for kind in ("ValidatingWebhookConfiguration", "MutatingWebhookConfiguration"):
+        [hooks] = objects(docs, kind)
+        covered = {
+            (group, resource)
+            for hook in hooks["webhooks"]
+            for rule in hook["rules"]
+            if set(rule["operations"]) == {"CREATE", "UPDATE"}
+            for group in rule["apiGroups"]
+            for resource in rule["resources"]
+        }
+        for workload in BUILT_IN.kinds:
+            assert (workload.group, f"{workload.kind.lower()}s") in covered, (kind, workload.kind)

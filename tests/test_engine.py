@@ -132,8 +132,9 @@ def gpu_job(scheduler=None, **spec):
 def test_device_pod_with_another_scheduler_than_the_detected_owner_is_denied(state):
     decision = evaluate(gpu_job(), "CREATE", state, Config())
     assert reasons(decision) == ["MixedDeviceScheduler"]
-    assert "nvidia.com/gpu is owned by volcano" in decision.violations[0].message
-    assert "volcano 1" in decision.violations[0].message
+    assert (
+        "gpu-1: nvidia.com/gpu is held by pods of volcano (default/trainer)" in decision.violations[0].message
+    )
     assert evaluate(gpu_job("volcano"), "CREATE", state, Config()).allowed
 
 
@@ -250,3 +251,49 @@ def test_an_unreadable_request_does_not_let_a_pinned_template_through(state):
     decision = evaluate(obj, "CREATE", state, Config())
     assert [v.reason for v in decision.violations] == ["PinnedNodeName"]
     assert "Node capacity was not checked" in decision.violations[0].message
+
+
+# -- scaling a workload already pinned ------------------------------------------------------
+
+
+def test_scaling_a_pinned_workload_past_what_its_node_admits_is_warned():
+    state = ClusterState()
+    state.set_node(node_from(node("small", pods="3")))
+    old = deployment({"nodeName": "small", "containers": [container()]})
+    for i in range(2):
+        running = pod(f"web-{i}", node_name="small")
+        state.set_pod(running["metadata"]["uid"], pod_record(running))
+    new = copy.deepcopy(old)
+    new["spec"]["replicas"] = 5
+    decision = evaluate(new, "UPDATE", state, Config(), old_object=old)
+    assert decision.allowed  # existing objects stay updatable
+    [warning] = decision.warnings
+    assert warning.startswith(
+        "[pinnedNodeName] PinnedNodeName: Deployment default/web scales from 2 to 5 pods"
+    )
+    assert "the kubelet on small would admit 1 of the 3 new pods and reject the others (OutOfpods" in warning
+    new["spec"]["replicas"] = 3
+    assert evaluate(new, "UPDATE", state, Config(), old_object=old).warnings == []
+
+
+def test_scaling_a_custom_resources_pinned_task_is_warned_at_its_own_replicas():
+    state = ClusterState()
+    state.set_node(node_from(node("gpu-1", extra={"nvidia.com/gpu": "2"})))
+    task = {
+        "replicas": 1,
+        "template": {
+            "spec": {"nodeName": "gpu-1", "containers": [container(limits={"nvidia.com/gpu": "1"})]}
+        },
+    }
+    old = {
+        "apiVersion": "batch.volcano.sh/v1alpha1",
+        "kind": "Job",
+        "metadata": {"name": "j"},
+        "spec": {"tasks": [task]},
+    }
+    new = copy.deepcopy(old)
+    new["spec"]["tasks"][0]["replicas"] = 4
+    cfg = config(deviceScheduler={"mode": "off"})
+    [warning] = evaluate(new, "UPDATE", state, cfg, old_object=old).warnings
+    assert "(template spec.tasks[0].template) scales from 1 to 4 pods pinned to gpu-1" in warning
+    assert "would admit 2 of the 3 new pods" in warning

@@ -69,7 +69,8 @@ def fingerprint(state: ClusterState) -> dict:
             n: (dict(state.usage(n).requested), sorted(state.usage(n).pods), +state.usage(n).host_ports)
             for n in node_names
         },
-        "devices": dict(state.device_schedulers("nvidia.com/gpu")),
+        "devices": {n: dict(state.device_holders(n, "nvidia.com/gpu")) for n in node_names},
+        "offering": sorted(state.nodes_offering("nvidia.com/gpu")),
     }
 
 

@@ -65,9 +65,9 @@ def test_aggregates_equal_a_recomputation_after_any_event_sequence(parsed_json, 
             expected.update({k: v for k, v in r.requests.items() if v})
         assert usage.requested == dict(expected)
         assert +usage.host_ports == Counter(p for r in on_node for p in r.host_ports)
-    for scheduler in ("default-scheduler", "volcano"):
-        expected = sum(1 for r in active if r.scheduler == scheduler and r.requests.get("nvidia.com/gpu"))
-        assert state.device_schedulers("nvidia.com/gpu").get(scheduler, 0) == expected
+        for scheduler in ("default-scheduler", "volcano"):
+            holding = sum(1 for r in on_node if r.scheduler == scheduler and r.requests.get("nvidia.com/gpu"))
+            assert state.device_holders(node, "nvidia.com/gpu").get(scheduler, 0) == holding
 
 
 def test_pods_are_counted_before_their_node_appears_and_after_it_goes():

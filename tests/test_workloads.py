@@ -104,3 +104,11 @@ def test_a_list_path_finds_one_template_per_item_that_has_one(items):
 
 def test_every_built_in_kind_names_its_source():
     assert all(w.source for w in WORKLOADS)
+
+
+def test_the_readme_documents_every_built_in_kind_with_its_paths_and_source():
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    for workload in WORKLOADS:
+        paths = ", ".join(f"`{p.text}`" for p in workload.templates)
+        assert f"| `{workload.group}` | {workload.kind} | {paths} |" in readme, workload.kind
+        assert workload.source in readme

@@ -40,7 +40,7 @@ from .kube.quantity import format_amount
 from .kube.rejection import Owner
 from .kube.resources import is_extended_resource
 from .policies import Review, pinned_node_name
-from .state.inventory import Inventory, RejectedPod, Workload
+from .state.inventory import Inventory, PinnedTemplate, RejectedPod, Workload
 from .state.model import ClusterState
 
 PINNED = "PinnedNodeName"
@@ -161,23 +161,27 @@ def worst_first(findings: Iterable[Finding]) -> list[Finding]:
 
 
 def pinned_findings(inventory: Inventory, config: Config) -> list[Finding]:
-    """Top-level workloads that pin nodeName; a ReplicaSet of a known Deployment is reported
-    through its Deployment (same template), not twice."""
+    """Top-level workloads that pin nodeName, one finding per pinned template; a ReplicaSet of a
+    known Deployment is reported through its Deployment (same template), not twice."""
     findings = []
     for workload in inventory.workloads:
-        if workload.pinned is None or workload.namespace in config.excluded_namespaces:
+        if not workload.pinned or workload.namespace in config.excluded_namespaces:
             continue
         if workload.owner is not None and inventory.workload(workload.owner) is not None:
             continue
-        findings.append(_pinned(workload, inventory.state))
+        findings += [_pinned(workload, template, inventory.state) for template in workload.pinned]
     return findings
 
 
-def _pinned(workload: Workload, state: ClusterState) -> Finding:
-    obj, shape, pod = workload.pinned
-    [policy_finding] = pinned_node_name.findings(Review(obj, shape, pod, "CREATE"), state)
-    node = state.nodes.get(workload.node_name)
-    rejects = node is None or bool(kubelet_admission(pod, node, state.usage(node.name)))
+def _pinned(workload: Workload, template: PinnedTemplate, state: ClusterState) -> Finding:
+    review = Review(template.obj, template.shape, template.pod, "CREATE", template=template.where)
+    [policy_finding] = pinned_node_name.findings(review, state)
+    node_name = str(template.shape.spec.get("nodeName"))
+    node = state.nodes.get(node_name)
+    rejects = node is None or bool(kubelet_admission(template.pod, node, state.usage(node.name)))
+    count = workload.replicas
+    if template.where:  # a custom resource: the replicas beside this template
+        count = pinned_node_name.replicas(template.obj, template.shape.path) or 1
     return Finding(
         PINNED,
         "high" if rejects else "medium",
@@ -185,8 +189,8 @@ def _pinned(workload: Workload, state: ClusterState) -> Finding:
         workload.kind,
         workload.name,
         policy_finding.message,
-        node=workload.node_name,
-        count=workload.replicas,
+        node=node_name,
+        count=count,
         api_version=workload.api_version,
         uid=workload.uid,
     )
@@ -396,7 +400,10 @@ def _mixed(node, usage, config: Config, bypass: frozenset[str]) -> list[Finding]
                 holders.setdefault(resource, Counter())[holder] += 1
     findings = []
     for resource, counts in sorted(holders.items()):
-        if len(counts) < 2:
+        # Judged as a bind to this node is (deviceScheduler.node_conflicts): the owner configured
+        # for the node's pool, else the schedulers whose pods hold the device here.
+        owner = devices.configured_owner(resource, node.labels)
+        if len(counts) < 2 and (owner is None or owner in counts):
             continue
         allocatable = node.allocatable.get(resource, 0)
         used = usage.requested.get(resource, 0)
@@ -405,11 +412,11 @@ def _mixed(node, usage, config: Config, bypass: frozenset[str]) -> list[Finding]
             f"{'pods that set spec.nodeName themselves' if h == BYPASS else h} ({_pods(n)})"
             for h, n in sorted(counts.items(), key=lambda item: (-item[1], item[0]))
         )
-        owner = devices.configured_owner(resource)
         advice = (
-            f"its configured owner is {owner}: move the other pods to it"
+            f"its configured owner on this node is {owner}: move the other pods to it"
             if owner
-            else f"give it one owner (policies.deviceScheduler.owners: {{{resource}: SCHEDULER}})"
+            else "give it one owner per node pool (policies.deviceScheduler.owners: "
+            f"[{{resource: {resource}, scheduler: SCHEDULER, nodeSelector: {{matchLabels: POOL}}}}])"
         )
         findings.append(
             Finding(

@@ -24,6 +24,8 @@ from .checks import Failure, PodUnderReview, kubelet_admission
 from .config import Config
 from .engine import Decision, Violation
 from .policies import device_allocation
+from .policies.device_scheduler import REASON as MIXED
+from .policies.device_scheduler import bind_message, node_conflicts
 from .state.apiserver import ApiError
 from .state.model import ClusterState, Node, PodRecord, is_mirror
 from .state.reservations import (
@@ -44,6 +46,7 @@ from .state.reservations import (
 from .state.source import StateSource
 
 POLICY = "nodeAdmission"
+DEVICE_POLICY = "deviceScheduler"  # a bind that brings a second scheduler's device pod to a node
 # Why a bind was allowed unchecked: a closed set, for the metric.
 POD_UNKNOWN, STATE_UNAVAILABLE, NODE_UNKNOWN, API_ERROR, DEADLINE, TABLE_ERROR, WAITED = (
     "pod-unknown",
@@ -119,8 +122,11 @@ class BindGuard:
         pod_name = f"pod {target.namespace}/{target.name}"
         outcome = Outcome(req, {"uid": req.uid, "allowed": True})
         mode = self.config.node_admission.mode
-        if mode == "off" or self._exempt(target.namespace, req):
+        checks_node = mode != "off" and not self._exempt(target.namespace, req)
+        device_mode = self._device_mode(target.namespace, req)
+        if not checks_node and device_mode == "off":
             return outcome
+        mixing: str | None = None
         with source.reading() as view:
             state = view.state
             if state is None or view.unavailable is not None:
@@ -129,11 +135,22 @@ class BindGuard:
             record = state.find_pod(target.uid, target.namespace, target.name)
             node = state.nodes.get(target.node)
             elsewhere = _claims_elsewhere(state, record, pod_name, target.node)
+            if (
+                device_mode != "off"
+                and record is not None
+                and record.pending is not None
+                and node is not None
+            ):
+                mixing = _mixing(record, node, state, self.config, pod_name)
         if record is None or record.pending is None:
             return _unchecked(outcome, POD_UNKNOWN, f"{pod_name} is not a pending pod in the guard's state")
         if elsewhere is not None and self._enforces(device_allocation.NAME, target.namespace, req):
-            return _deny(outcome, elsewhere.reason, elsewhere.message, node=target.node)
+            return _deny(
+                outcome, elsewhere.reason, elsewhere.message, node=target.node, policy=device_allocation.NAME
+            )
         if node is None:
+            if not checks_node:
+                return outcome
             if self.config.node_admission.unknown_node == "deny":
                 return _deny(
                     outcome,
@@ -144,8 +161,30 @@ class BindGuard:
                 )
             return _unchecked(outcome, NODE_UNKNOWN, f"node {target.node} is not in the guard's state")
         self._binders(outcome, record, req.user, pod_name)
-        pod = PodUnderReview(record.pending.metadata, record.pending.spec, record)
-        return self._reserve_or_deny(outcome, source, pod, node, req, pod_name, mode, verified, created=False)
+        if mixing is not None:
+            if device_mode in ("enforce", "fix"):  # a bind cannot be repaired, only refused
+                return _deny(outcome, MIXED, mixing, node=node.name, policy=DEVICE_POLICY)
+            if device_mode == "warn":
+                outcome.response.setdefault("warnings", []).append(f"[{DEVICE_POLICY}] {MIXED}: {mixing}")
+        if checks_node:
+            pod = PodUnderReview(record.pending.metadata, record.pending.spec, record)
+            outcome = self._reserve_or_deny(
+                outcome, source, pod, node, req, pod_name, mode, verified, created=False
+            )
+        if mixing is not None and device_mode == "audit":
+            outcome.decision = outcome.decision or Decision()
+            outcome.decision.audited.append(Violation(DEVICE_POLICY, MIXED, mixing, node.name))
+            outcome.reasons = [*(outcome.reasons or []), MIXED]
+        return outcome
+
+    def _device_mode(self, namespace: str, req: AdmissionRequest) -> str:
+        """``deviceScheduler``'s mode for this bind: off where excluded or exempt."""
+        device = self.config.device_scheduler
+        if namespace in self.config.excluded_namespaces or self.config.exempts(
+            DEVICE_POLICY, namespace, req.user, req.groups
+        ):
+            return "off"
+        return device.mode
 
     def review_created(
         self,
@@ -416,6 +455,16 @@ class _Stores:
         )
 
 
+def _mixing(record: PodRecord, node: Node, state: ClusterState, config: Config, pod_name: str) -> str | None:
+    """Why binding this pod to ``node`` mixes device schedulers there (read under the state's
+    lock: the node's device pods as they are at the moment of the race), or None."""
+    device = config.device_scheduler
+    conflicts = node_conflicts(record.requests, record.scheduler, node, state, device)
+    if not conflicts:
+        return None
+    return bind_message(pod_name, record.scheduler, node.name, conflicts, state)
+
+
 def _unchecked(outcome: Outcome, why: str, detail: str) -> Outcome:
     outcome.fail_open = why
     outcome.error = f"binding not checked ({why}): {detail}"
@@ -432,6 +481,7 @@ def _deny(
     reasons: list[str] | None = None,
     node: str | None = None,
     code: int = 403,
+    policy: str = POLICY,
 ) -> Outcome:
     outcome.response["allowed"] = False
     outcome.response["status"] = {
@@ -441,6 +491,6 @@ def _deny(
     }
     outcome.reasons = reasons or [reason]
     outcome.decision = Decision(
-        allowed=False, violations=[Violation(POLICY, r, message, node) for r in outcome.reasons]
+        allowed=False, violations=[Violation(policy, r, message, node) for r in outcome.reasons]
     )
     return outcome

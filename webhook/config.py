@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .globs import globs_overlap, matches_any
+from .kube.workloads import BUILT_IN, FieldPath, WorkloadKind, WorkloadTable, is_built_in
 from .policies import ALL_MODES as MODES
 from .policies.device_scheduler import DEFAULT_DEVICE_PATTERNS, DeviceSchedulerConfig
 from .policies.node_admission import NodeAdmissionConfig, ReservationsConfig, UnsafeSysctls
@@ -96,6 +97,8 @@ class Config:
     # Each policy's settings, in ``POLICIES`` order.
     settings: tuple[Any, ...] = field(default_factory=_default_settings)
     client_auth: ClientAuth | None = None  # serve only; ``--client-ca`` overrides it
+    # Where workloads keep their pod templates: the built-in table and the kinds users add.
+    workloads: WorkloadTable = BUILT_IN
 
     def policy(self, name: str) -> Any:
         """The settings of the policy called ``name`` (its config key)."""
@@ -142,7 +145,8 @@ def config_from_dict(data: Any, source: str = "config") -> Config:
 def read_config(reader: Reader, data: Any) -> Config:
     """The config in ``data``, its problems recorded in ``reader`` (a policy test file reads
     its configs into its own reader, so every problem of the file is listed at once)."""
-    top = reader.mapping(data, "", {"excludedNamespaces", "failOpen", "exemptions", "policies", "clientAuth"})
+    keys = {"excludedNamespaces", "failOpen", "exemptions", "policies", "clientAuth", "workloads"}
+    top = reader.mapping(data, "", keys)
     policies = reader.mapping(top.get("policies") or {}, "policies", set(NAMES))
     return Config(
         excluded_namespaces=reader.strings(
@@ -158,6 +162,7 @@ def read_config(reader: Reader, data: Any) -> Config:
             for policy in POLICIES
         ),
         client_auth=_client_auth(reader, top.get("clientAuth")),
+        workloads=_workloads(reader, top.get("workloads") or [], "workloads"),
     )
 
 
@@ -205,3 +210,61 @@ def _exemption(reader: Reader, data: Any, where: str) -> Exemption:
     if not (exemption.namespaces or exemption.users or exemption.groups):
         reader.fail(where, "needs at least one of namespaces, users, groups")
     return exemption
+
+
+_WORKLOAD_KEYS = {"apiVersion", "kind", "templates", "schedulerName"}
+
+
+def _workloads(reader: Reader, data: Any, where: str) -> WorkloadTable:
+    """``workloads:``, custom resources whose controllers create pods from templates inside
+    them, added to the built-in table (an entry for a built-in custom resource replaces it)."""
+    added: list[WorkloadKind] = []
+    seen: set[tuple[str, str]] = set()
+    for i, raw in enumerate(reader.sequence(data, where)):
+        at = f"{where}[{i}]"
+        item = reader.mapping(raw, at, _WORKLOAD_KEYS)
+        if not item:
+            continue
+        kind = _workload_kind(reader, item, at)
+        if kind is None:
+            continue
+        key = (kind.group, kind.kind)
+        if key in seen:
+            reader.fail(f"{at}.kind", f"{kind.kind} of {kind.group} is listed twice")
+        seen.add(key)
+        added.append(kind)
+    return WorkloadTable.of((*BUILT_IN.kinds, *added)) if added else BUILT_IN
+
+
+def _workload_kind(reader: Reader, item: Mapping[str, Any], at: str) -> WorkloadKind | None:
+    api_version, kind = item.get("apiVersion"), item.get("kind")
+    ok = True
+    if not isinstance(api_version, str) or api_version.count("/") != 1 or not all(api_version.split("/")):
+        reader.fail(f"{at}.apiVersion", "must be group/version of a custom resource, like example.com/v1")
+        ok = False
+    if not isinstance(kind, str) or not kind:
+        reader.fail(f"{at}.kind", "must be the kind's name, like Trainer")
+        ok = False
+    elif isinstance(api_version, str) and is_built_in(api_version.rsplit("/", 1)[0], kind):
+        reader.fail(f"{at}.kind", f"{kind} of {api_version} is built in and cannot be redefined")
+        ok = False
+    templates = reader.strings(item.get("templates"), f"{at}.templates")
+    if item.get("templates") == []:
+        reader.fail(f"{at}.templates", "must list at least one path, like spec.roles[*].template")
+    paths = [_field_path(reader, text, f"{at}.templates[{j}]") for j, text in enumerate(templates)]
+    scheduler = item.get("schedulerName")
+    if scheduler is not None and not isinstance(scheduler, str):
+        reader.fail(f"{at}.schedulerName", "must be a path like spec.schedulerName")
+    elif scheduler is not None and _field_path(reader, scheduler, f"{at}.schedulerName") is None:
+        ok = False
+    if not ok or not templates or None in paths:
+        return None
+    return WorkloadKind.of(api_version, kind, templates, scheduler or None, source="config")
+
+
+def _field_path(reader: Reader, text: str, where: str) -> FieldPath | None:
+    try:
+        return FieldPath.parse(text)
+    except ValueError as err:
+        reader.fail(where, str(err))
+        return None

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 from .config import Config
 from .engine import Decision, evaluate
 from .kube.errors import FieldError
-from .kube.workloads import pod_shape
+from .kube.workloads import BUILT_IN, WorkloadTable
 from .manifests import Document, Location, ManifestError, read_documents
 from .state import ClusterState
 
@@ -35,8 +35,8 @@ class Result:
     skipped: bool  # the kind creates no pods: nothing to check
 
     @classmethod
-    def of(cls, doc: Document, decision: Decision) -> Result:
-        skipped = pod_shape(doc.obj) is None
+    def of(cls, doc: Document, decision: Decision, workloads: WorkloadTable = BUILT_IN) -> Result:
+        skipped = not workloads.creates_pods(doc.obj)
         metadata = _metadata(doc.obj)
         # Cluster-scoped kinds have no namespace, and ``default/`` would be a lie.
         namespace = (
@@ -126,7 +126,7 @@ def check_documents(
         decision = evaluate(doc.obj, operation, state, config, user=user, groups=groups, now=time.time())
         if decision.unreadable:
             raise decision.unreadable
-        return Result.of(doc, decision)
+        return Result.of(doc, decision, config.workloads)
 
     return judge_documents(files, judge, on_document)
 

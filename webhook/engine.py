@@ -15,7 +15,7 @@ import jsonpatch
 from .checks import PodUnderReview
 from .config import Config
 from .kube.errors import FieldError, mapping_at
-from .kube.workloads import PodShape, pod_shape
+from .kube.workloads import TemplateShape
 from .policies import ANY_OBJECT, POD_FIELDS, Context, Finding, Review
 from .policies.registry import POLICIES
 from .state import ClusterState
@@ -84,38 +84,87 @@ def evaluate(
     Kinds that create no pods, and operations other than CREATE/UPDATE, pass untouched.
     """
     decision = Decision()
-    shape = pod_shape(obj)
-    policies = _ANY_OBJECT_POLICIES if shape is None else _POLICIES
-    if not policies or operation not in OPERATIONS:
+    if operation not in OPERATIONS:
+        return decision
+    templates = config.workloads.shapes(obj)
+    if templates is None and not _ANY_OBJECT_POLICIES:
         return decision
     namespace = mapping_at(obj, "metadata", "metadata").get("namespace") or "default"
     if namespace in config.excluded_namespaces:
         return decision
     old_object = old_object if operation == "UPDATE" else None
-    old_shape = pod_shape(old_object) if old_object else None
-    review = _review(obj, operation, old_shape, shape, old_object, user, unreadable)
-    patch: list[dict[str, Any]] = []
+    old_templates = _by_path(config.workloads.shapes(old_object) if old_object else None)
+    run = _Run(obj, operation, old_object, user, config, namespace, groups, unreadable)
     context = Context(state, config, state_unavailable, now)
-    for policy, index, needs_pod in policies:
-        name, mode = policy.NAME, config.settings[index].mode
-        if mode == "off" or config.exempts(name, namespace, user, groups):
-            continue
-        if needs_pod and review.pod is None:
-            decision.unchecked.append(name)
-            continue
-        for finding in policy.check(review, context):
-            fix = _apply(decision, name, mode, finding)
-            if fix:
-                # Later policies judge the object as it will be stored.
-                patch.extend(fix)
-                review = _review(
-                    _patched(review.obj, fix), operation, old_shape, None, old_object, user, unreadable
-                )
+    if templates is None:
+        run.judge(decision, _ANY_OBJECT_POLICIES, None, None, context)
+    for template in templates or ():
+        old = old_templates.get(template.shape.path)
+        run.judge(decision, _POLICIES, template, old, context)
     decision.allowed = not decision.violations
-    decision.patch = patch or None
-    decision.unreadable = review.unreadable if decision.unchecked else None
-    decision.pod = review.pod
+    decision.patch = run.patch or None
+    if not decision.unchecked:
+        decision.unreadable = None
     return decision
+
+
+@dataclass(slots=True)
+class _Run:
+    """One object through the policies, a template at a time; ``obj`` is the object as it will
+    be stored (each fix applied), so later policies and templates judge the repaired object."""
+
+    obj: Mapping[str, Any]
+    operation: str
+    old_object: Mapping[str, Any] | None
+    user: str
+    config: Config
+    namespace: str
+    groups: tuple[str, ...]
+    unreadable: FieldError | None = None  # cut by the caller: the pod's fields are not read
+    patch: list[dict[str, Any]] = field(default_factory=list)
+
+    def judge(
+        self,
+        decision: Decision,
+        policies,
+        template: TemplateShape | None,
+        old: TemplateShape | None,
+        context: Context,
+    ) -> None:
+        review = _review(self.obj, self.operation, old, template, self.old_object, self.user, self.unreadable)
+        for policy, index, needs_pod in policies:
+            name, mode = policy.NAME, self.config.settings[index].mode
+            if mode == "off" or self.config.exempts(name, self.namespace, self.user, self.groups):
+                continue
+            if needs_pod and review.pod is None:
+                if name not in decision.unchecked:
+                    decision.unchecked.append(name)
+                continue
+            for finding in policy.check(review, context):
+                fix = _apply(decision, name, mode, finding)
+                if fix:
+                    # Later policies judge the object as it will be stored.
+                    self.patch.extend(fix)
+                    self.obj = _patched(self.obj, fix)
+                    again = self._again(template)
+                    review = _review(
+                        self.obj, self.operation, old, again, self.old_object, self.user, self.unreadable
+                    )
+        if decision.unreadable is None:
+            decision.unreadable = review.unreadable
+        if decision.pod is None:
+            decision.pod = review.pod
+
+    def _again(self, template: TemplateShape | None) -> TemplateShape | None:
+        """The same template, read again from the repaired object."""
+        if template is None:
+            return None
+        found = _by_path(self.config.workloads.shapes(self.obj)).get(template.shape.path)
+        return found if found is not None else template
+
+
+def _by_path(templates: list[TemplateShape] | None) -> dict[str, TemplateShape]:
+    return {t.shape.path: t for t in templates or ()}
 
 
 def _apply(decision: Decision, policy: str, mode: str, finding: Finding):
@@ -143,26 +192,32 @@ def _patched(obj: Mapping[str, Any], fix) -> Mapping[str, Any]:
 def _review(
     obj: Mapping[str, Any],
     operation: str,
-    old_shape: PodShape | None,
-    shape: PodShape | None,
+    old: TemplateShape | None,
+    template: TemplateShape | None,
     old_object: Mapping[str, Any] | None,
     user: str,
     unreadable: FieldError | None = None,
 ) -> Review:
     """Build the review; pod-relative field errors get the path inside the whole object.
     ``unreadable``: a part the caller could not read, so the pod's fields count as unreadable."""
-    shape = shape or pod_shape(obj)
-    if shape is None:
-        return Review(obj, None, None, operation, old_obj=old_object, user=user)
+    old_shape = old.shape if old is not None else None
+    if template is None:
+        return Review(obj, None, None, operation, old_shape, old_obj=old_object, user=user)
+    shape = template.shape
+    extra = {
+        "template": template.where,
+        "scheduler_default": template.scheduler,
+        "old_scheduler_default": old.scheduler if old is not None else None,
+    }
     if unreadable is not None:
-        return Review(obj, shape, None, operation, old_shape, unreadable, old_object, user)
+        return Review(obj, shape, None, operation, old_shape, unreadable, old_object, user, **extra)
     try:
         pod = PodUnderReview.from_shape(shape)
     except FieldError as err:
         prefix = shape.path.lstrip("/").replace("/", ".")
         unreadable = FieldError(f"{prefix}.{err.field}", err.message) if prefix else err
-        return Review(obj, shape, None, operation, old_shape, unreadable, old_object, user)
-    return Review(obj, shape, pod, operation, old_shape, None, old_object, user)
+        return Review(obj, shape, None, operation, old_shape, unreadable, old_object, user, **extra)
+    return Review(obj, shape, pod, operation, old_shape, None, old_object, user, **extra)
 
 
 # (policy, its place in ``Config.settings``, whether it needs the pod's fields), in registry

@@ -1,8 +1,13 @@
-"""``admit-guard explain``: for a pod or workload template, the kubelet's verdict on every node.
+"""``admit-guard explain``: for each pod or workload template, where it could go, node by node.
 
-The pod's own ``spec.nodeName`` is set aside: the question is where it could go. The summary
-uses the scheduler's shape ("0/5 nodes would admit it: 3 OutOfcpu, 2 untolerated taint"),
-counting each rejecting node once, by the reason its kubelet would report first.
+The pod's own ``spec.nodeName`` is set aside: the question is where it could go. Each node gets
+two verdicts: the scheduler's filters (would kube-scheduler place it there?) and the kubelet's
+admission (would the node's kubelet admit it, were it bound there?). A pod fits a node when
+both say yes; they differ on purpose (a CPU-only node's kubelet ignores the GPUs a pod asks
+for, the scheduler does not), and where they differ, both are shown. The summary has the
+scheduler's shape ("0/5 nodes fit: 3 Insufficient nvidia.com/gpu, 2 untolerated taint"),
+counting each node once by its first reason: the scheduler's, else the kubelet's. It counts
+nodes as ``check``'s messages do (``checks.placement``).
 """
 
 from __future__ import annotations
@@ -13,26 +18,60 @@ from dataclasses import dataclass
 from typing import Any
 
 from .checks import PodUnderReview
-from .checks.placement import unpinned, verdict
+from .checks.placement import placement, unpinned
+from .checks.scheduler import AFFINITY, PORTS, UNSCHEDULABLE, tolerations_of
+from .config import Config
 from .dryrun import judge_documents
-from .kube.workloads import pod_shape
 from .manifests import ManifestError
 from .state import ClusterState
 
-# The scheduler's words for the kubelet's predicate reasons; resource shortages keep theirs.
+# Short words for the summary; resource shortages keep theirs (``Insufficient cpu``, ``OutOfcpu``).
 _WORDS = {
     "TaintToleration": "untolerated taint",
     "NodeAffinity": "node affinity/selector mismatch",
     "NodePorts": "host port conflict",
     "NodeName": "node name mismatch",
+    UNSCHEDULABLE: "unschedulable",
+    AFFINITY: "node affinity/selector mismatch",
+    PORTS: "host port conflict",
 }
+
+
+def _word(reason: str) -> str:
+    if reason.startswith("node(s) had untolerated taint"):
+        return "untolerated taint"
+    return _WORDS.get(reason, reason)
 
 
 @dataclass(frozen=True, slots=True)
 class NodeVerdict:
+    """``admit``/``reasons``: the kubelet's verdict; ``scheduler``: why the scheduler's filters
+    would not pick the node (empty: they would)."""
+
     node: str
     admit: bool
     reasons: tuple[str, ...]
+    scheduler: tuple[str, ...] = ()
+
+    @property
+    def fits(self) -> bool:
+        return self.admit and not self.scheduler
+
+    @property
+    def first_reason(self) -> str:
+        return _word(self.scheduler[0] if self.scheduler else self.reasons[0])
+
+    def detail(self) -> str:
+        """Both views, each said only where it has something to say."""
+        if self.fits:
+            return ""
+        kubelet = ", ".join(self.reasons)
+        scheduler = "; ".join(self.scheduler)
+        if not self.scheduler:
+            return f"kubelet: {kubelet} (the scheduler would place it here)"
+        if self.admit:
+            return f"scheduler: {scheduler} (the kubelet alone would admit it)"
+        return f"scheduler: {scheduler}; kubelet: {kubelet}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,54 +80,85 @@ class Explanation:
     namespace: str
     name: str
     nodes: tuple[NodeVerdict, ...]
+    template: str = ""  # a custom resource's template (``spec.tasks[0].template``)
+
+    @property
+    def fitting(self) -> int:
+        return sum(v.fits for v in self.nodes)
 
     @property
     def admitting(self) -> int:
+        """Nodes whose kubelet would admit it (some of which the scheduler would never pick)."""
         return sum(v.admit for v in self.nodes)
 
     @property
+    def subject(self) -> str:
+        where = f" (template {self.template})" if self.template else ""
+        return f"{self.kind} {self.namespace}/{self.name}{where}"
+
+    @property
     def summary(self) -> str:
-        first = Counter(_WORDS.get(v.reasons[0], v.reasons[0]) for v in self.nodes if not v.admit)
+        first = Counter(v.first_reason for v in self.nodes if not v.fits)
         counts = ", ".join(f"{n} {reason}" for reason, n in first.most_common())
-        head = f"{self.admitting}/{len(self.nodes)} nodes would admit it"
+        head = f"{self.fitting}/{len(self.nodes)} nodes fit"
         return f"{head}: {counts}" if counts else head
 
-    def as_json(self) -> dict[str, Any]:
-        return {
+    def as_json(self, *, nodes: bool = True) -> dict[str, Any]:
+        """``nodes`` False: the summary and counts only (large clusters)."""
+        data: dict[str, Any] = {
             "kind": self.kind,
             "namespace": self.namespace,
             "name": self.name,
-            "nodes": [{"node": v.node, "admit": v.admit, "reasons": list(v.reasons)} for v in self.nodes],
+            "template": self.template,
+            "fit": self.fitting,
+            "total": len(self.nodes),
             "summary": self.summary,
         }
+        if nodes:
+            data["nodes"] = [
+                {
+                    "node": v.node,
+                    "fits": v.fits,
+                    "admit": v.admit,
+                    "reasons": list(v.reasons),
+                    "scheduler": list(v.scheduler),
+                }
+                for v in self.nodes
+            ]
+        return data
 
 
-def explain(obj: Mapping[str, Any], state: ClusterState) -> Explanation | None:
-    """Every node's verdict for the pod ``obj`` stands for; None when it creates no pods.
-
-    Raises ``FieldError`` for objects whose pod cannot be read.
-    """
-    shape = pod_shape(obj)
-    if shape is None:
+def explain(
+    obj: Mapping[str, Any], state: ClusterState, config: Config | None = None
+) -> list[Explanation] | None:
+    """Every node's verdicts for each pod ``obj`` stands for (one per template of a custom
+    resource); None when it creates no pods. Raises ``FieldError`` for pods that cannot be read."""
+    config = config or Config()
+    templates = config.workloads.shapes(obj)
+    if templates is None:
         return None
-    pod = unpinned(PodUnderReview.from_shape(shape))
     metadata = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
-    nodes = tuple(
-        NodeVerdict(name, not failures, tuple(f.reason for f in failures))
-        for name, node in sorted(state.nodes.items())
-        for failures in (verdict(pod, node, state),)
-    )
-    return Explanation(
-        shape.kind if not shape.is_template else str(obj.get("kind")),
-        str(metadata.get("namespace") or "default"),
-        str(metadata.get("name") or metadata.get("generateName") or ""),
-        nodes,
-    )
+    namespace = str(metadata.get("namespace") or "default")
+    name = str(metadata.get("name") or metadata.get("generateName") or "")
+    explained = []
+    for template in templates:
+        shape = template.shape
+        pod = unpinned(PodUnderReview.from_shape(shape))
+        tolerations = tolerations_of(shape, pod.spec)
+        nodes = tuple(
+            NodeVerdict(node_name, not p.kubelet, tuple(f.reason for f in p.kubelet), p.scheduler)
+            for node_name, node in sorted(state.nodes.items())
+            for p in (placement(pod, node, state, config.node_admission, tolerations),)
+        )
+        kind = shape.kind if not shape.is_template else str(obj.get("kind"))
+        explained.append(Explanation(kind, namespace, name, nodes, template.where))
+    return explained
 
 
 def explain_documents(
-    files: Iterable[str], state: ClusterState
+    files: Iterable[str], state: ClusterState, config: Config | None = None
 ) -> tuple[list[Explanation], list[ManifestError]]:
     """Every document of ``files`` explained, objects that create no pods left out; documents
     or pods that cannot be read are input errors, as in the dry run."""
-    return judge_documents(files, lambda doc: explain(doc.obj, state))
+    explained, errors = judge_documents(files, lambda doc: explain(doc.obj, state, config))
+    return [e for group in explained for e in group], errors

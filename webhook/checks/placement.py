@@ -1,8 +1,11 @@
-"""Where a pod could go: the kubelet's verdict on other nodes, as if the pod were bound there.
+"""Where a pod could go: nodes kube-scheduler's filters would pick and whose kubelet would admit it.
 
-``explain`` asks it of every node; denial messages ask it of a bounded number of nodes (a
-webhook must not scan a 5,000-node cluster per request), to name a few that would admit the
-pod now, or to say none would.
+The scheduler's view decides where a pod can go (a node without the GPUs it asks for, a cordoned
+node or one with a NoSchedule taint it does not tolerate is never a place for it, whatever its
+kubelet would say); the kubelet's verdict stays for "node X would reject it". ``explain`` asks
+both of every node; denial messages ask them of a bounded number of nodes (a webhook must not
+scan a 5,000-node cluster per request), to name a few where the pod fits now, or to say none do.
+Both count the cluster's nodes the same way.
 """
 
 from __future__ import annotations
@@ -11,9 +14,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from ..kube.resources import is_extended_resource
 from ..state.model import ClusterState, Node
 from .failure import Failure
 from .kubelet import PodUnderReview, kubelet_admission
+from .scheduler import placeable, scheduler_filters
 
 MESSAGE_SCAN = 32  # nodes examined for a denial message
 MESSAGE_NAMES = 3  # nodes named in it
@@ -41,8 +46,52 @@ def verdict(
 
 
 @dataclass(frozen=True, slots=True)
+class Placement:
+    """One node, both ways: why the scheduler's filters would not pick it, and why its kubelet
+    would reject the pod (each empty when they would)."""
+
+    node: str
+    scheduler: tuple[str, ...]
+    kubelet: tuple[Failure, ...]
+
+    @property
+    def fits(self) -> bool:
+        return not self.scheduler and not self.kubelet
+
+
+def placement(
+    pod: PodUnderReview,
+    node: Node,
+    state: ClusterState,
+    config: SysctlAllowlists | None = None,
+    tolerations: list | None = None,
+) -> Placement:
+    """``pod`` (unpinned) on ``node``: the scheduler's filters and the kubelet's admission."""
+    scheduler = scheduler_filters(pod, node, state.usage(node.name), tolerations)
+    return Placement(node.name, tuple(scheduler), tuple(verdict(pod, node, state, config)))
+
+
+def fits(
+    pod: PodUnderReview,
+    node: Node,
+    state: ClusterState,
+    config: SysctlAllowlists | None = None,
+    tolerations: list | None = None,
+) -> bool:
+    """``placement(...).fits``, the cheapest questions first (a message asks it of many nodes)."""
+    if tolerations is None:
+        raw = pod.spec.get("tolerations")
+        tolerations = raw if isinstance(raw, list) else []
+    if not placeable(pod.spec, node, tolerations):
+        return False
+    return not scheduler_filters(pod, node, state.usage(node.name), tolerations) and not verdict(
+        pod, node, state, config
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class Candidates:
-    """Up to ``MESSAGE_NAMES`` nodes that would admit the pod, from the nodes scanned."""
+    """Up to ``MESSAGE_NAMES`` nodes where the pod fits, from the nodes scanned."""
 
     admitting: tuple[str, ...]
     scanned: int
@@ -50,10 +99,10 @@ class Candidates:
 
     def sentence(self) -> str:
         if self.admitting:
-            return f"Nodes that would admit it now: {', '.join(self.admitting)}."
+            return f"Nodes it fits on now: {', '.join(self.admitting)}."
         if self.scanned < self.total:
-            return f"None of the first {self.scanned} of {self.total} nodes would admit it now."
-        return f"None of the {self.total} nodes would admit it now."
+            return f"It fits on none of the first {self.scanned} of {self.total} nodes now."
+        return f"It fits on none of the {self.total} nodes now."
 
 
 def candidates(
@@ -62,18 +111,31 @@ def candidates(
     *,
     skip: Iterable[str] = (),
     config: SysctlAllowlists | None = None,
+    tolerations: list | None = None,
 ) -> Candidates:
-    """A few nodes that would admit ``pod``; stops at ``MESSAGE_NAMES`` found or
-    ``MESSAGE_SCAN`` examined."""
+    """A few nodes where ``pod`` fits (the scheduler would pick them, the kubelet would admit it);
+    stops at ``MESSAGE_NAMES`` found or ``MESSAGE_SCAN`` examined. ``skip``: nodes known to
+    reject it, not examined again but counted, as ``explain`` counts them."""
     pod, skipped = unpinned(pod), set(skip)
     admitting: list[str] = []
     scanned = 0
-    for name, node in state.nodes.items():
-        if name in skipped:
-            continue
+    for name in _offering(pod, state):
         if scanned == MESSAGE_SCAN or len(admitting) == MESSAGE_NAMES:
             break
         scanned += 1
-        if not verdict(pod, node, state, config):
+        node = state.nodes.get(name)
+        if node is not None and name not in skipped and fits(pod, node, state, config, tolerations):
             admitting.append(name)
-    return Candidates(tuple(admitting), scanned, len(state.nodes) - len(skipped & state.nodes.keys()))
+    return Candidates(tuple(admitting), scanned, len(state.nodes))
+
+
+def _offering(pod: PodUnderReview, state: ClusterState) -> Iterable[str]:
+    """The nodes worth examining: those that advertise every extended resource the pod asks for
+    (the scheduler places it nowhere else), else all of them."""
+    extended = [r for r, amount in pod.record.requests.items() if amount > 0 and is_extended_resource(r)]
+    if not extended:
+        return state.nodes
+    offering = set(state.nodes_offering(extended[0]))
+    for resource in extended[1:]:
+        offering &= state.nodes_offering(resource)
+    return sorted(offering)

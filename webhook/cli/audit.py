@@ -49,7 +49,7 @@ def audit(cluster, config_path, output, kubeconfig, context) -> None:
     if not origin.live and not cluster:
         raise InputError("no cluster to audit: give --cluster SNAPSHOT... or --kubeconfig/--context")
     with reading_cluster():
-        inventory = origin.inventory(progress=Progress())
+        inventory = origin.inventory(progress=Progress(), workloads=config.workloads)
     now = time.time()
     report = run_audit(inventory, config, now)
     render.audit_report(report, output, now)

@@ -1,4 +1,4 @@
-"""``admit-guard explain``: the kubelet's verdict on every node, for each pod or template."""
+"""``admit-guard explain``: the scheduler's and the kubelet's verdicts on every node, per pod or template."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ from .options import (
     EXIT_INPUT_ERROR,
     InputError,
     cluster_option,
+    config_option,
     dry_run_state,
     live_cluster_options,
+    load_config,
     manifest_options,
     output_option,
 )
@@ -21,22 +23,25 @@ from .options import (
 @click.command()
 @manifest_options("Manifest file or directory.")
 @cluster_option("Cluster snapshot file or directory (repeatable).")
+@config_option
 @output_option("json", "yaml")
+@click.option("--summary", "summary_only", is_flag=True, help="One line per pod: the counts, not every node.")
 @live_cluster_options
-def explain(files, cluster, output, kubeconfig, context) -> None:
-    """Where could each pod go? The kubelet's verdict on every node, as if it were bound there.
+def explain(files, cluster, config_path, output, summary_only, kubeconfig, context) -> None:
+    """Where could each pod go? Every node with the scheduler's filters and the kubelet's verdict.
 
-    Exit status: 0 every object fits somewhere, 1 some object fits on no node, 2 input error.
+    Exit status: 0 every pod fits somewhere, 1 some pod fits on no node, 2 input error.
     """
     from ..explain import explain_documents
     from . import render
 
     if not cluster and not (kubeconfig or context):
         raise InputError("explain needs cluster state: --cluster SNAPSHOT or --kubeconfig/--context")
+    config = load_config(config_path)
     state = dry_run_state(cluster, kubeconfig, context)
-    explained, errors = explain_documents(files, state)
-    render.explanations(explained, errors, output)
+    explained, errors = explain_documents(files, state, config)
+    render.explanations(explained, errors, output, summary_only)
     if errors:
         sys.exit(EXIT_INPUT_ERROR)
-    if any(e.admitting == 0 for e in explained):
+    if any(e.fitting == 0 for e in explained):
         sys.exit(EXIT_DENIED)

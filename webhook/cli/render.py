@@ -123,16 +123,21 @@ class Progress:
 # -- explain --------------------------------------------------------------------------------
 
 
-def explanations(explained: list[Explanation], errors: list[ManifestError], output: str) -> None:
-    """Each object's summary line, then every node's verdict and the kubelet's reasons."""
+def explanations(
+    explained: list[Explanation], errors: list[ManifestError], output: str, summary_only: bool = False
+) -> None:
+    """Each pod's summary line, then (unless ``summary_only``) every node: fits, or why not in
+    the scheduler's and the kubelet's words."""
     if output == "text":
         for e in explained:
-            click.echo(f"{e.kind} {e.namespace}/{e.name}: {e.summary}")
+            click.echo(f"{e.subject}: {e.summary}")
+            if summary_only:
+                continue
             for v in e.nodes:
-                verdict = "admit" if v.admit else "reject"
-                click.echo(f"  {v.node:30} {verdict:6}  {', '.join(v.reasons)}".rstrip())
+                click.echo(f"  {v.node:30} {'fits' if v.fits else 'no':4}  {v.detail()}".rstrip())
     else:
-        click.echo(dump({"results": [e.as_json() for e in explained]}, output), nl=output == "json")
+        results = [e.as_json(nodes=not summary_only) for e in explained]
+        click.echo(dump({"results": results}, output), nl=output == "json")
     input_errors(errors)
 
 

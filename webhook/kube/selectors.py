@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 _INT64 = re.compile(r"[+-]?[0-9]+")
@@ -105,3 +106,61 @@ def matches_node_selector_and_affinity(
     if required is None:
         return True
     return node_selector_terms_match(required.get("nodeSelectorTerms"), labels, node_name)
+
+
+# -- label selectors (``metav1.LabelSelector``): the node pools of device owners ----------------
+
+LABEL_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")
+
+
+@dataclass(frozen=True, slots=True)
+class LabelSelector:
+    """``matchLabels`` AND every ``matchExpressions`` requirement (In, NotIn, Exists,
+    DoesNotExist), as ``metav1.LabelSelectorAsSelector`` reads them; already validated."""
+
+    match_labels: tuple[tuple[str, str], ...] = ()
+    match_expressions: tuple[tuple[str, str, tuple[str, ...]], ...] = ()  # (key, operator, values)
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        if any(labels.get(key) != value for key, value in self.match_labels):
+            return False
+        return all(_requirement(key, op, values, labels) for key, op, values in self.match_expressions)
+
+    def excludes(self, wanted: Mapping[str, str]) -> bool:
+        """Whether no node with the labels ``wanted`` (a pod's nodeSelector) can match: the pool
+        is out of the pod's reach, whatever else its nodes carry."""
+        for key, value in self.match_labels:
+            if key in wanted and wanted[key] != value:
+                return True
+        return any(
+            key in wanted and not _requirement(key, op, values, wanted)
+            for key, op, values in self.match_expressions
+        )
+
+    def implied_by(self, wanted: Mapping[str, str]) -> bool:
+        """Whether every node with the labels ``wanted`` matches: all the pod's nodes are in the pool."""
+        if any(wanted.get(key) != value for key, value in self.match_labels):
+            return False
+        return all(
+            op != "DoesNotExist" and key in wanted and _requirement(key, op, values, wanted)
+            for key, op, values in self.match_expressions
+        )
+
+    def __str__(self) -> str:
+        parts = [f"{key}={value}" for key, value in self.match_labels]
+        for key, op, values in self.match_expressions:
+            if op in ("In", "NotIn"):
+                parts.append(f"{key} {op.lower()} ({', '.join(values)})")
+            else:
+                parts.append(key if op == "Exists" else f"!{key}")
+        return ",".join(parts) or "every node"
+
+
+def _requirement(key: str, operator: str, values: tuple[str, ...], labels: Mapping[str, str]) -> bool:
+    if operator == "In":
+        return labels.get(key) in values
+    if operator == "NotIn":
+        return key not in labels or labels[key] not in values
+    if operator == "Exists":
+        return key in labels
+    return key not in labels

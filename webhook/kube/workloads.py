@@ -10,8 +10,8 @@ config (``workloads:``) without code.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import FieldError
@@ -27,6 +27,12 @@ _TEMPLATES: dict[str, tuple[frozenset[str], tuple[str, ...]]] = {
     "ReplicationController": (frozenset({""}), ("spec", "template")),
     "PodTemplate": (frozenset({""}), ("template",)),
 }
+
+
+def is_built_in(group: str, kind: str) -> bool:
+    """A Pod or a built-in controller: their templates are where Kubernetes puts them."""
+    entry = _TEMPLATES.get(kind)
+    return (kind == "Pod" and group == "") or (entry is not None and group in entry[0])
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,10 +237,14 @@ WORKLOADS: tuple[WorkloadKind, ...] = (
 
 @dataclass(frozen=True, slots=True)
 class TemplateShape:
-    """One pod template of a custom resource: the pod, and the scheduler its pods really get."""
+    """One pod template of a custom resource: the pod, and the scheduler its pods really get.
+
+    ``where``: the template's field as people write it (``spec.tasks[0].template``), for the
+    messages about a custom resource; "" for a Pod or a built-in controller (one template)."""
 
     shape: PodShape
     scheduler: str
+    where: str = ""
 
 
 def workload_kind(obj: Mapping[str, Any], table: tuple[WorkloadKind, ...]) -> WorkloadKind | None:
@@ -261,5 +271,60 @@ def template_shapes(obj: Mapping[str, Any], workload: WorkloadKind) -> list[Temp
             )
             own = shape.spec.get("schedulerName")
             scheduler = own if isinstance(own, str) and own else (fallback or "default-scheduler")
-            shapes.append(TemplateShape(shape, scheduler))
+            shapes.append(TemplateShape(shape, scheduler, display_path(pointer)))
     return shapes
+
+
+def display_path(pointer: str) -> str:
+    """A JSON pointer as people write the field: ``/spec/tasks/0/template`` → ``spec.tasks[0].template``."""
+    parts = []
+    for step in pointer.lstrip("/").split("/"):
+        step = step.replace("~1", "/").replace("~0", "~")
+        if step.isdigit() and parts:
+            parts[-1] += f"[{step}]"
+        else:
+            parts.append(step)
+    return ".".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadTable:
+    """The kinds whose objects hold pod templates: the built-in controllers, then the custom
+    resources of ``WORKLOADS`` and those users add in config (``workloads:``), found by API
+    group and kind in one dictionary lookup."""
+
+    kinds: tuple[WorkloadKind, ...]
+    _by_kind: Mapping[tuple[str, str], WorkloadKind] = field(compare=False, repr=False)
+
+    @classmethod
+    def of(cls, kinds: Iterable[WorkloadKind]) -> WorkloadTable:
+        """A later entry for the same group and kind replaces an earlier one (a user's own paths
+        for a built-in custom resource)."""
+        by_kind = {(k.group, k.kind): k for k in kinds}
+        return cls(tuple(by_kind.values()), by_kind)
+
+    def kind_of(self, obj: Mapping[str, Any]) -> WorkloadKind | None:
+        kind = obj.get("kind")
+        return self._by_kind.get((api_group(obj), kind)) if isinstance(kind, str) else None
+
+    def creates_pods(self, obj: Mapping[str, Any]) -> bool:
+        """Whether ``obj`` is a Pod, a built-in controller or a kind of this table."""
+        kind = obj.get("kind")
+        if not isinstance(kind, str):
+            return False
+        group = api_group(obj)
+        return is_built_in(group, kind) or (group, kind) in self._by_kind
+
+    def shapes(self, obj: Mapping[str, Any]) -> list[TemplateShape] | None:
+        """Every pod ``obj`` stands for, with the scheduler its pods get: one for a Pod or a
+        built-in controller, one per template of a custom resource (none when its paths match
+        nothing); None when ``obj`` creates no pods. Raises ``FieldError`` naming the field."""
+        shape = pod_shape(obj)
+        if shape is not None:
+            own = shape.spec.get("schedulerName")
+            return [TemplateShape(shape, own if isinstance(own, str) and own else "default-scheduler")]
+        workload = self.kind_of(obj)
+        return None if workload is None else template_shapes(obj, workload)
+
+
+BUILT_IN = WorkloadTable.of(WORKLOADS)

@@ -48,6 +48,11 @@ class Review:
     unreadable: FieldError | None = None
     old_obj: Mapping[str, Any] | None = None  # the stored object of an UPDATE
     user: str = ""  # who asks (``userInfo.username``)
+    # A custom resource's template: where it is (``spec.tasks[0].template``), and the scheduler
+    # its pods get when their spec names none (a Volcano Job's ``spec.schedulerName``).
+    template: str = ""
+    scheduler_default: str | None = None
+    old_scheduler_default: str | None = None
 
     @property
     def namespace(self) -> str:
@@ -61,7 +66,26 @@ class Review:
     @property
     def description(self) -> str:
         kind = self.shape.kind if self.shape is not None else self.obj.get("kind")
-        return f"{kind} {self.namespace}/{self.name}"
+        where = f" (template {self.template})" if self.template else ""
+        return f"{kind} {self.namespace}/{self.name}{where}"
+
+    @property
+    def scheduler(self) -> str:
+        """The scheduler the pod's pods really get: its own ``schedulerName``, else the one its
+        custom resource gives them, else default-scheduler."""
+        return _scheduler(self.shape, self.scheduler_default)
+
+    @property
+    def old_scheduler(self) -> str:
+        """The scheduler the stored object's pods get (an UPDATE)."""
+        return _scheduler(self.old_shape, self.old_scheduler_default)
+
+
+def _scheduler(shape: PodShape | None, default: str | None) -> str:
+    own = shape.spec.get("schedulerName") if shape is not None else None
+    if isinstance(own, str) and own:
+        return own
+    return default or "default-scheduler"
 
 
 @dataclass(frozen=True, slots=True)

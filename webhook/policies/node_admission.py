@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from ..checks import kubelet_admission
 from ..checks.node_affinity import node_affinity_mismatch
 from ..checks.placement import candidates
+from ..checks.scheduler import SCHEDULING_EFFECTS, tolerations_of
 from ..checks.sysctl import forbidden_sysctl, pod_sysctls
 from ..globs import matches_any
 from ..kube.reasons import SYSCTL_FORBIDDEN
@@ -141,24 +142,6 @@ def _unsafe_sysctls(reader: Reader, data: Any, where: str) -> UnsafeSysctls:
     return UnsafeSysctls(tuple((str(k), str(v)) for k, v in selector.items()), sysctls)
 
 
-# The scheduler's TaintToleration filter (cordoned nodes carry node.kubernetes.io/unschedulable).
-_SCHEDULER_TAINT_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
-# What the DaemonSet controller adds to every pod it creates (``util.AddOrUpdateDaemonPodTolerations``):
-# its pods land on not-ready, unreachable, pressured and cordoned nodes all the same.
-DAEMON_TOLERATIONS = tuple(
-    {"key": f"node.kubernetes.io/{key}", "operator": "Exists", "effect": effect}
-    for key, effect in (
-        ("not-ready", "NoExecute"),
-        ("unreachable", "NoExecute"),
-        ("disk-pressure", "NoSchedule"),
-        ("memory-pressure", "NoSchedule"),
-        ("pid-pressure", "NoSchedule"),
-        ("unschedulable", "NoSchedule"),
-        ("network-unavailable", "NoSchedule"),
-    )
-)
-
-
 def check(review: Review, context: Context) -> list[Finding]:
     """``context.unavailable`` says why live state cannot be trusted (not synced, stale): the
     check is then skipped with a warning, or denied when the guard fails closed."""
@@ -208,7 +191,9 @@ def check(review: Review, context: Context) -> list[Finding]:
     )
     if not failures:
         return []
-    elsewhere = candidates(review.pod, state, skip=(node_name,), config=config).sentence()
+    elsewhere = candidates(
+        review.pod, state, skip=(node_name,), config=config, tolerations=tolerations_of(review.shape)
+    ).sentence()
     return [
         Finding(
             failure.reason,
@@ -236,14 +221,12 @@ def unschedulable_sysctls(
         return []
     if review.old_shape is not None and pod_sysctls(review.old_shape.spec) == pod_sysctls(review.shape.spec):
         return []  # unchanged sysctls: the object stays updatable
-    tolerations = review.shape.spec.get("tolerations")
-    if review.shape.kind == "DaemonSet":
-        tolerations = [*(tolerations if isinstance(tolerations, list) else []), *DAEMON_TOLERATIONS]
+    tolerations = tolerations_of(review.shape)
     refused = [
         (node.name, failure)
         for node in state.nodes.values()
         if node_affinity_mismatch(review.pod, node) is None
-        and untolerated_taint(node.taints, tolerations, _SCHEDULER_TAINT_EFFECTS) is None
+        and untolerated_taint(node.taints, tolerations, SCHEDULING_EFFECTS) is None
         for failure in (forbidden_sysctl(review.pod, node, None, config.unsafe_sysctls_for(node.labels)),)
         if failure is not None
     ]

@@ -7,11 +7,14 @@ the scheduler honours, so pods wait as Pending rather than fail in a loop.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..checks import kubelet_admission
 from ..checks.placement import candidates, verdict
+from ..checks.scheduler import tolerations_of
 from ..kube.errors import FieldError
 from ..kube.selectors import is_empty_term
 from . import ALL_MODES, POD_SHAPE, Context, Finding, Patch, Review, StaticPolicy, read_mode
@@ -57,7 +60,9 @@ def findings(
     if not shape.is_template or not node:
         return []
     if review.old_shape is not None and review.old_shape.spec.get("nodeName") == node:
-        return []  # existing objects must stay updatable (finalizers, labels, scale)
+        # Existing objects must stay updatable (finalizers, labels, scale); a scale-up onto a
+        # node that would reject the new pods is said, not refused.
+        return scaled_up(review, state, node, node_config)
     verdict_now = _kubelet_verdict(review, state, node, node_config)
     message = (
         f"{review.description} sets {_field(shape)} to {node!r}: its pods skip the scheduler, "
@@ -70,6 +75,65 @@ def findings(
     except FieldError as err:
         return [Finding(REASON, f"{message} (Not fixed automatically: {err}.)", node=node)]
     return [Finding(REASON, message, node=node, fix=fix)]
+
+
+# New pods tried one by one on the node's usage; beyond this many, the rest are not simulated.
+SCALE_SIMULATED = 1024
+
+
+def scaled_up(
+    review: Review, state: ClusterState | None, node_name: str, node_config: NodeAdmissionConfig | None
+) -> list[Finding]:
+    """An UPDATE that adds pods to a template already pinned to ``node_name``: a warning when
+    the node's kubelet would reject some of the new pods (each is replaced at once)."""
+    before = replicas(review.old_obj, review.old_shape.path) if review.old_obj is not None else None
+    after = replicas(review.obj, review.shape.path)
+    if before is None or after is None or after <= before or state is None or review.pod is None:
+        return []
+    added = after - before
+    scaling = (
+        f"{review.description} scales from {before} to {after} pods pinned to {node_name} "
+        f"({_field(review.shape)})"
+    )
+    node = state.nodes.get(node_name)
+    if node is None:
+        message = f"{scaling}, a node not in the cluster state: no kubelet will run the {added} new pods."
+        return [Finding(REASON, message, node=node_name, advisory=True)]
+    unsafe = node_config.unsafe_sysctls_for(node.labels) if node_config is not None else ()
+    usage, admitted, failures = state.usage(node_name), 0, []
+    for i in range(min(added, SCALE_SIMULATED)):
+        failures = kubelet_admission(review.pod, node, usage, unsafe)
+        if failures:
+            break
+        usage = usage.with_pod(dataclasses.replace(review.pod.record, key=f"{review.pod.record.key}#new-{i}"))
+        admitted += 1
+    if not failures:
+        return []
+    message = (
+        f"{scaling}: the kubelet on {node_name} would admit {admitted} of the {added} new pods and reject "
+        f"the others ({failures[0].summary()}); its controller replaces every rejected pod at once. Scale "
+        "it back, make room on the node, or pin with required node affinity so the scheduler waits."
+    )
+    return [Finding(REASON, message, node=node_name, advisory=True)]
+
+
+def replicas(obj: Mapping[str, Any], template_path: str) -> int | None:
+    """How many pods the template at ``template_path`` asks for at once: the ``replicas`` (or a
+    Job's ``parallelism``) beside it (a Deployment's ``spec``, a Volcano task, a Kubeflow replica
+    spec, a Ray worker group); None when there is none to read."""
+    parent: Any = obj
+    for step in template_path.strip("/").split("/")[:-1]:
+        step = step.replace("~1", "/").replace("~0", "~")
+        if isinstance(parent, Mapping):
+            parent = parent.get(step)
+        elif isinstance(parent, list) and step.isdigit() and int(step) < len(parent):
+            parent = parent[int(step)]
+        else:
+            return None
+    if not isinstance(parent, Mapping):
+        return None
+    value = parent.get("replicas", parent.get("parallelism", 1))
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def _field(shape) -> str:
@@ -85,14 +149,24 @@ def _kubelet_verdict(
         return f"(Node capacity was not checked: {review.unreadable}.)"
     node = state.nodes.get(node_name)
     if node is None:
-        elsewhere = candidates(review.pod, state, skip=(node_name,), config=node_config).sentence()
+        elsewhere = _elsewhere(review, state, node_name, node_config)
         return f"Node {node_name} is not in the cluster state: no kubelet would run its pods. {elsewhere}"
     failures = verdict(review.pod, node, state, node_config)
     if failures:
         summaries = "; ".join(f.summary() for f in failures)
-        elsewhere = candidates(review.pod, state, skip=(node_name,), config=node_config).sentence()
+        elsewhere = _elsewhere(review, state, node_name, node_config)
         return f"Node {node_name} would reject it: {summaries}. {elsewhere}"
     return f"Node {node_name} would admit one pod now; the next pod that does not fit fails."
+
+
+def _elsewhere(
+    review: Review, state: ClusterState, node_name: str, node_config: NodeAdmissionConfig | None
+) -> str:
+    """Where its pods fit instead: the scheduler's filters and the kubelet's admission."""
+    tolerations = tolerations_of(review.shape)
+    return candidates(
+        review.pod, state, skip=(node_name,), config=node_config, tolerations=tolerations
+    ).sentence()
 
 
 _TERMS = ("affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution", "nodeSelectorTerms")

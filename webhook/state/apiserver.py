@@ -20,6 +20,7 @@ import urllib3
 from .gc_pause import collector_paused
 from .list_body import UnreadableList, list_items
 
+# A resource is one of these names, or the list path of a custom resource (``served_kinds``).
 RESOURCES = {
     "nodes": "/api/v1/nodes",
     "pods": "/api/v1/pods",
@@ -118,6 +119,30 @@ class ApiServer:
                 return _streamed_page(resource, head, blocks)
         return _whole_page(resource, b"".join(head))
 
+    def served_kinds(self, groups: set[str], timeout: float = 30) -> dict[tuple[str, str], tuple[str, str]]:
+        """Of the API groups in ``groups``, the kinds this API server serves (discovery: ``/apis``,
+        then each group's preferred version): ``(group, kind)`` → (list path, apiVersion). A
+        group it does not serve is simply absent."""
+        status, body = self.request_json("GET", "/apis", timeout=timeout)
+        if status == 404:
+            return {}
+        if status != 200:
+            raise ApiError(status, f"discovery /apis: {_status_message(orjson.dumps(body))}")
+        served: dict[tuple[str, str], tuple[str, str]] = {}
+        for group in body.get("groups") or ():
+            name = group.get("name") if isinstance(group, dict) else None
+            preferred = (group.get("preferredVersion") or {}).get("groupVersion") if name in groups else None
+            if not preferred:
+                continue
+            status, resources = self.request_json("GET", f"/apis/{preferred}", timeout=timeout)
+            if status != 200:
+                continue  # an aggregated API that is down: its kinds are not listed
+            for resource in resources.get("resources") or ():
+                plural, kind = resource.get("name") or "", resource.get("kind")
+                if "/" not in plural and kind and "list" in (resource.get("verbs") or ()):
+                    served[(name, kind)] = (f"/apis/{preferred}/{plural}", preferred)
+        return served
+
     def watch(
         self, resource: str, resource_version: str, timeout_seconds: int, read_timeout: float
     ) -> urllib3.BaseHTTPResponse:
@@ -177,7 +202,7 @@ class ApiServer:
         try:
             response = self._pool.request(
                 "GET",
-                self.host + RESOURCES[resource],
+                self.host + (resource if resource.startswith("/") else RESOURCES[resource]),
                 fields=fields,
                 headers=headers,
                 timeout=urllib3.Timeout(connect=10, read=timeout),

@@ -18,7 +18,7 @@ from typing import IO, Any
 from ..checks import PodUnderReview
 from ..kube.errors import FieldError
 from ..kube.rejection import Owner, admission_rejection, controller_owner
-from ..kube.workloads import PodShape, pod_shape
+from ..kube.workloads import BUILT_IN, PodShape, TemplateShape, WorkloadTable, pod_shape
 from ..manifests import Document, ManifestError
 from .model import ClusterState, node_from, object_key, pod_record
 from .snapshot import SnapshotError, read_snapshot
@@ -39,8 +39,19 @@ WORKLOAD_KINDS = frozenset(kind for _, kind, _ in WORKLOAD_RESOURCES)
 
 
 @dataclass(frozen=True, slots=True)
+class PinnedTemplate:
+    """A template that sets nodeName: the object, the template and its pod (validated)."""
+
+    obj: Mapping[str, Any]
+    shape: PodShape
+    pod: PodUnderReview
+    where: str = ""  # a custom resource's template (``spec.tasks[0].template``)
+
+
+@dataclass(frozen=True, slots=True)
 class Workload:
-    """One controller. ``pinned`` (the template's pod, with the object) only when it sets nodeName."""
+    """One controller: a built-in one, or a custom resource of the workload table. ``pinned``:
+    its templates that set nodeName (``node_name`` is the first one's node)."""
 
     kind: str
     api_version: str
@@ -50,7 +61,7 @@ class Workload:
     owner: Owner | None
     node_name: str = ""
     replicas: int = 1
-    pinned: tuple[Mapping[str, Any], PodShape, PodUnderReview] | None = None
+    pinned: tuple[PinnedTemplate, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,10 +109,12 @@ class Inventory:
 
 
 class InventoryBuilder:
-    """Adds Kubernetes objects to an ``Inventory``; raises ``FieldError`` on unusable fields."""
+    """Adds Kubernetes objects to an ``Inventory``; raises ``FieldError`` on unusable fields.
+    ``workloads``: the table of custom resources whose templates are read too."""
 
-    def __init__(self) -> None:
+    def __init__(self, workloads: WorkloadTable = BUILT_IN) -> None:
         self.inventory = Inventory()
+        self.workloads = workloads
 
     def add(self, obj: Mapping[str, Any]) -> None:
         kind = obj.get("kind")
@@ -109,8 +122,8 @@ class InventoryBuilder:
             self.inventory.state.set_node(node_from(obj))
         elif kind == "Pod":
             self._add_pod(obj)
-        elif kind in WORKLOAD_KINDS and pod_shape(obj) is not None:
-            self._add_workload(obj)
+        elif (kind in WORKLOAD_KINDS and pod_shape(obj) is not None) or self.workloads.kind_of(obj):
+            self._add_workload(obj, self.workloads.shapes(obj) or [])
 
     def _add_pod(self, pod: Mapping[str, Any]) -> None:
         inventory = self.inventory
@@ -142,17 +155,18 @@ class InventoryBuilder:
             if owner is not None:
                 inventory.device_pod_owners[key] = owner
 
-    def _add_workload(self, obj: Mapping[str, Any]) -> None:
-        shape = pod_shape(obj)
+    def _add_workload(self, obj: Mapping[str, Any], templates: list[TemplateShape]) -> None:
         metadata = obj.get("metadata") or {}
         namespace = str(metadata.get("namespace") or "default")
         name = str(metadata.get("name") or "")
         uid = str(metadata.get("uid") or "")
-        node_name = shape.spec.get("nodeName") or ""
-        pinned = None
-        if node_name:
-            # Only pinned templates are judged, so only theirs are kept (and validated now).
-            pinned = (obj, shape, PodUnderReview.from_shape(shape))
+        # Only pinned templates are judged, so only theirs are kept (and validated now).
+        pinned = tuple(
+            PinnedTemplate(obj, t.shape, PodUnderReview.from_shape(t.shape), t.where)
+            for t in templates
+            if t.shape.spec.get("nodeName")
+        )
+        node_name = pinned[0].shape.spec["nodeName"] if pinned else ""
         workload = Workload(
             kind=str(obj["kind"]),
             api_version=str(obj.get("apiVersion") or ""),
@@ -183,13 +197,13 @@ def _replicas(obj: Mapping[str, Any]) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 1
 
 
-def read_inventory(paths: Iterable[str]) -> Inventory:
+def read_inventory(paths: Iterable[str], workloads: WorkloadTable = BUILT_IN) -> Inventory:
     """An ``Inventory`` from snapshot files; raises ``SnapshotError`` listing every problem."""
-    return read_snapshot(paths, _read_inventory)
+    return read_snapshot(paths, lambda documents: _read_inventory(documents, workloads))
 
 
-def _read_inventory(documents: Iterable[Document | ManifestError]) -> Inventory:
-    builder = InventoryBuilder()
+def _read_inventory(documents: Iterable[Document | ManifestError], workloads: WorkloadTable) -> Inventory:
+    builder = InventoryBuilder(workloads)
     problems: list[str] = []
     for doc in documents:
         if isinstance(doc, ManifestError):
@@ -227,14 +241,18 @@ class Progress:
             self.stream.flush()
 
 
-def live_inventory(api, page_size: int = 500, progress: Progress | None = None) -> Inventory:
-    """One paginated list of nodes, pods and each workload kind (``api``: ``ApiServer``).
+def live_inventory(
+    api, page_size: int = 500, progress: Progress | None = None, workloads: WorkloadTable = BUILT_IN
+) -> Inventory:
+    """One paginated list of nodes, pods and each workload kind (``api``: ``ApiServer``): the
+    built-in ones, and the custom resources of ``workloads`` the API server serves (discovered;
+    a kind it does not serve is skipped).
 
     Objects whose fields cannot be read are errors, as in snapshots: ``SnapshotError``.
     """
-    builder = InventoryBuilder()
+    builder = InventoryBuilder(workloads)
     problems: list[str] = []
-    for resource, kind, api_version in LIVE_RESOURCES:
+    for resource, kind, api_version in (*LIVE_RESOURCES, *served_custom_resources(api, workloads)):
         for count, obj in enumerate(_pages(api, resource, page_size), 1):
             obj.setdefault("kind", kind)
             obj.setdefault("apiVersion", api_version)
@@ -250,6 +268,17 @@ def live_inventory(api, page_size: int = 500, progress: Progress | None = None) 
     if problems:
         raise SnapshotError(problems)
     return builder.inventory
+
+
+def served_custom_resources(api, workloads: WorkloadTable) -> list[tuple[str, str, str]]:
+    """(list path, kind, apiVersion) of each custom resource of the table the cluster serves."""
+    served = api.served_kinds({w.group for w in workloads.kinds})
+    return [
+        (path, w.kind, api_version)
+        for w in workloads.kinds
+        if (found := served.get((w.group, w.kind))) is not None
+        for path, api_version in (found,)
+    ]
 
 
 def _pages(api, resource: str, page_size: int) -> Iterable[dict[str, Any]]:

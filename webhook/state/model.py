@@ -62,6 +62,9 @@ class PodRecord:
     priority: int | None
     critical: bool
     pending: PendingPod | None = None  # only while the pod is not bound to a node
+    # ``namespace/name`` of a pod that holds an extended resource (the device pods a message
+    # names); "" for the others, whose names no message needs.
+    name: str = ""
 
     @property
     def devices(self) -> Iterator[str]:
@@ -82,6 +85,7 @@ class Node:
     supplemental_groups_policy: bool = False
     kubelet_version: str = ""  # status.nodeInfo: the sysctl safe set depends on both
     kernel_version: str = ""
+    unschedulable: bool = False  # spec.unschedulable (cordoned): the scheduler's filter, not the kubelet's
 
 
 @dataclass(slots=True)
@@ -99,6 +103,15 @@ class NodeUsage:
     def copy(self) -> NodeUsage:
         """A snapshot to judge against after the state's lock is released."""
         return NodeUsage(dict(self.requested), dict(self.pods), self.host_ports.copy())
+
+    def with_pod(self, record: PodRecord) -> NodeUsage:
+        """A copy with one more pod (what the node would hold after it is admitted)."""
+        requested = dict(self.requested)
+        for resource, amount in record.requests.items():
+            requested[resource] = requested.get(resource, 0) + amount
+        ports = self.host_ports.copy()
+        ports.update(record.host_ports)
+        return NodeUsage(requested, {**self.pods, record.key: record}, ports)
 
     def without(self, key: str) -> NodeUsage:
         """A copy without one pod: the incoming pod never counts against itself."""
@@ -175,7 +188,16 @@ def pod_record(pod: Mapping[str, Any], *, parsed_json: bool = False) -> PodRecor
         priority=priority,
         critical=is_critical(metadata, priority),
         pending=None if node else _pending(metadata, spec),
+        name=_device_pod_name(metadata, requests),
     )
+
+
+def _device_pod_name(metadata: Mapping[str, Any], requests: ResourceVector) -> str:
+    """``namespace/name`` when the pod holds an extended resource, else "" (kept small)."""
+    if not any(amount > 0 and "/" in r and is_extended_resource(r) for r, amount in requests.items()):
+        return ""
+    name = metadata.get("name") or metadata.get("generateName") or ""
+    return f"{metadata.get('namespace') or 'default'}/{name}"
 
 
 _SHARED_MAX = 4096  # distinct inputs remembered: a cluster has a few per workload
@@ -277,6 +299,7 @@ def node_from(obj: Mapping[str, Any]) -> Node:
         supplemental_groups_policy=features.get("supplementalGroupsPolicy") is True,
         kubelet_version=sys.intern(str(node_info.get("kubeletVersion") or "")),
         kernel_version=sys.intern(str(node_info.get("kernelVersion") or "")),
+        unschedulable=spec.get("unschedulable") is True,
     )
 
 
@@ -291,7 +314,8 @@ class ClusterState:
     """Nodes, active pods and their aggregates; mutated only through the methods below."""
 
     __slots__ = (
-        "_device_schedulers",
+        "_node_devices",
+        "_offering",
         "_pending_names",
         "_usage",
         "devices",
@@ -313,7 +337,10 @@ class ClusterState:
         self.nodes: dict[str, Node] = {}
         self.pods: dict[str, PodRecord] = {}
         self._usage: dict[str, NodeUsage] = {}
-        self._device_schedulers: dict[str, Counter[str]] = {}
+        # Per node, per extended resource, how many bound pods of each scheduler hold it: device
+        # ownership is judged per node, at the moment of the race (a bind), never cluster-wide.
+        self._node_devices: dict[str, dict[str, Counter[str]]] = {}
+        self._offering: dict[str, set[str]] = {}  # extended resource → nodes that advertise it
         # Bumped by every change: a verdict reached at one revision holds at that revision.
         self.revision = 0
 
@@ -329,19 +356,48 @@ class ClusterState:
         """Aggregates of the active pods on a node (kept even while the Node is missing)."""
         return self._usage.get(node_name, _EMPTY_USAGE)
 
-    def device_schedulers(self, resource: str) -> Mapping[str, int]:
-        """How many active pods requesting ``resource`` each scheduler placed."""
-        return MappingProxyType(self._device_schedulers.get(resource, Counter()))
+    def device_holders(self, node: str, resource: str) -> Mapping[str, int]:
+        """How many active pods bound to ``node`` hold ``resource``, per scheduler."""
+        return MappingProxyType(self._node_devices.get(node, {}).get(resource) or Counter())
+
+    def device_pods(self, node: str, resource: str, scheduler: str) -> list[str]:
+        """``namespace/name`` of the pods of ``scheduler`` holding ``resource`` on ``node``
+        (a scan of one node's pods: for messages only)."""
+        return sorted(
+            record.name or record.key
+            for record in self.usage(node).pods.values()
+            if record.scheduler == scheduler and record.requests.get(resource, 0) > 0
+        )
+
+    def nodes_offering(self, resource: str) -> frozenset[str] | set[str]:
+        """The nodes whose allocatable has some ``resource`` (an extended resource)."""
+        return self._offering.get(resource) or frozenset()
 
     def set_node(self, node: Node) -> None:
-        if self.nodes.get(node.name) == node:
+        old = self.nodes.get(node.name)
+        if old == node:
             return  # a heartbeat: nothing a check reads changed
+        if old is not None:
+            self._unoffer(old)
         self.nodes[node.name] = node
+        for resource, amount in node.allocatable.items():
+            if amount > 0 and is_extended_resource(resource):
+                self._offering.setdefault(resource, set()).add(node.name)
         self.revision += 1
 
     def remove_node(self, name: str) -> None:
-        self.nodes.pop(name, None)
+        old = self.nodes.pop(name, None)
+        if old is not None:
+            self._unoffer(old)
         self.revision += 1
+
+    def _unoffer(self, node: Node) -> None:
+        for resource in node.allocatable:
+            offering = self._offering.get(resource)
+            if offering is not None:
+                offering.discard(node.name)
+                if not offering:
+                    del self._offering[resource]
 
     def set_pod(self, key: str, record: PodRecord | None) -> None:
         """Add, replace, or (with ``None``, a terminal pod) remove the pod stored under ``key``."""
@@ -358,9 +414,10 @@ class ClusterState:
         self.pods[key] = record
         if record.pending is not None:
             self._pending_names[(record.pending.namespace, record.pending.name)] = key
-        for resource in record.devices:
-            self._device_schedulers.setdefault(resource, Counter())[record.scheduler] += 1
         if record.node:
+            for resource in record.devices:
+                held = self._node_devices.setdefault(record.node, {})
+                held.setdefault(resource, Counter())[record.scheduler] += 1
             usage = self._usage.get(record.node)
             if usage is None:
                 usage = self._usage[record.node] = NodeUsage()
@@ -379,19 +436,30 @@ class ClusterState:
         if len(self.ended) > ENDED_KEYS:
             del self.ended[next(iter(self.ended))]
 
+    def _unhold(self, record: PodRecord) -> None:
+        held = self._node_devices.get(record.node)
+        if held is None:
+            return
+        for resource in record.devices:
+            counts = held.get(resource)
+            if counts is None:
+                continue
+            counts[record.scheduler] -= 1
+            if counts[record.scheduler] <= 0:
+                del counts[record.scheduler]
+            if not counts:
+                del held[resource]
+        if not held:
+            del self._node_devices[record.node]
+
     def _unindex(self, key: str) -> None:
         record = self.pods.pop(key, None)
         if record is None:
             return
         if record.pending is not None:
             self._pending_names.pop((record.pending.namespace, record.pending.name), None)
-        for resource in record.devices:
-            counts = self._device_schedulers[resource]
-            counts[record.scheduler] -= 1
-            if counts[record.scheduler] <= 0:
-                del counts[record.scheduler]
-            if not counts:
-                del self._device_schedulers[resource]
+        if record.node:
+            self._unhold(record)
         usage = self._usage.get(record.node) if record.node else None
         if usage is None:
             return

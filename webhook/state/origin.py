@@ -20,6 +20,7 @@ from .snapshot import SnapshotError, load_snapshot
 
 if TYPE_CHECKING:
     from ..config import StormBreakerConfig
+    from ..kube.workloads import WorkloadTable
     from .apiserver import ApiServer
     from .inventory import Inventory, Progress
     from .model import ClusterState
@@ -80,16 +81,21 @@ class StateOrigin:
         except ApiError as err:
             raise StateError(f"cannot list nodes and pods: {err}") from None
 
-    def inventory(self, progress: Progress | None = None) -> Inventory:
+    def inventory(
+        self, progress: Progress | None = None, workloads: WorkloadTable | None = None
+    ) -> Inventory:
         """Nodes, pods and every workload kind, for the audit: listed live (``progress`` on the
-        way), else read from the snapshot files."""
+        way; custom resources of ``workloads`` that the cluster serves), else read from the
+        snapshot files."""
+        from ..kube.workloads import BUILT_IN
         from .apiserver import ApiError
         from .inventory import live_inventory, read_inventory
 
+        table = workloads if workloads is not None else BUILT_IN
         try:
             if self.live:
-                return live_inventory(self.connect(), progress=progress)
-            return read_inventory(self.snapshots)
+                return live_inventory(self.connect(), progress=progress, workloads=table)
+            return read_inventory(self.snapshots, table)
         except SnapshotError as err:
             raise StateError("cluster objects:\n  " + "\n  ".join(err.problems)) from None
         except ApiError as err:
