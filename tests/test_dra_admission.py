@@ -307,3 +307,18 @@ def test_a_read_only_allocation_table_still_coordinates_through_the_pools_lease(
     assert second["allowed"] is False and second["status"]["reason"] == "DeviceAlreadyAllocated"
     metrics = client.get("/metrics").get_data(as_text=True)
     assert 'admit_guard_reservation_table_trouble_total{reason="table-error"} 2.0' in metrics
+
+
+def test_an_allocation_written_by_an_identity_the_allocators_do_not_include_is_a_mixed_scheduler_warning(
+    tmp_path,
+):
+    config = {"policies": {"deviceScheduler": {"allocators": {"gpu.example.com": [SCHEDULER]}}}}
+    client = client_for(one_gpu_left(), tmp_path, config)
+    volcano = "system:serviceaccount:volcano-system:volcano-scheduler"
+    response = answer(
+        client, status_update(claim("a", namespace="ml", results=[result("gpu-1")]), user=volcano)
+    )
+    assert response["allowed"] is True
+    assert "MixedDeviceScheduler" in response["warnings"][0] and volcano in response["warnings"][0]
+    ours = answer(client, status_update(claim("b", namespace="ml", results=[result("gpu-1")])))
+    assert "warnings" not in ours or not any("MixedDeviceScheduler" in w for w in ours["warnings"])

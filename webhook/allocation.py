@@ -241,15 +241,14 @@ class AllocationGuard:
         """An allocation written by an identity the driver's ``allocators`` do not include: a
         ``MixedDeviceScheduler`` warning (like binders: a denial would make it retry forever)."""
         device = self.config.device_scheduler
-        allowed_for = getattr(device, "allowed_allocators", None)
-        if device.mode == "off" or allowed_for is None:
+        if device.mode == "off" or not device.allocators:
             return
         try:
             _, allocation = claim_allocation_from(req.obj)
         except FieldError:
             return
         for driver in sorted({r.driver for r in allocation.results}):
-            allowed = allowed_for(driver)
+            allowed = device.allowed_allocators(driver)
             if allowed is not None and not any(fnmatchcase(req.user, p) for p in allowed):
                 outcome.response.setdefault("warnings", []).append(
                     f"[deviceScheduler] MixedDeviceScheduler: ResourceClaim {req.namespace}/{req.name} was "
