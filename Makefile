@@ -43,7 +43,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-bench: $(STAMP)
+bench: $(STAMP) bench-tools
 	$(BIN)/python bench/engine_bench.py
 	$(BIN)/python bench/http_bench.py
 	$(BIN)/python bench/floor_bench.py
@@ -69,6 +69,15 @@ lock: $(STAMP)
 	env -u PIP_FIND_LINKS -u PIP_INDEX_URL -u PIP_EXTRA_INDEX_URL -u PIP_CONSTRAINT PIP_CONFIG_FILE=/dev/null \
 	  $(BIN)/pip-compile --quiet --upgrade --generate-hashes --strip-extras --allow-unsafe \
 	  --no-emit-index-url --no-emit-find-links --output-file requirements.lock pyproject.toml
+
+# C load generators for the floor bench (Debian's wrk and nghttp2-client): a Python client
+# would share the server's two cores.
+bench-tools:
+	@command -v wrk > /dev/null && command -v h2load > /dev/null || { \
+	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  $$SUDO apt-get install -y --no-install-recommends wrk nghttp2-client \
+	  || { $$SUDO apt-get update && $$SUDO apt-get install -y --no-install-recommends wrk nghttp2-client; }; } \
+	  || echo "wrk/h2load missing: floor_bench measures with its Python client" >&2
 
 # promtool (Debian's prometheus package) for the alert rules' unit tests.
 promtool:
