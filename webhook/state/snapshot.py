@@ -13,9 +13,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
-from ..json_items import NotStreamable, list_items
+from ..json_items import NotStreamable
+from ..json_items import list_items as json_list_items
 from ..kube.errors import FieldError
 from ..manifests import Document, Location, ManifestError, list_item, manifest_files, read_documents
+from ..yaml_items import list_items as yaml_list_items
 from .model import ClusterState, node_from, object_key, pod_record
 from .storm import StormBreakers
 
@@ -100,7 +102,6 @@ def _streamed_documents(paths: list[str]) -> Iterator[Document | ManifestError]:
             text = Path(path).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError):
             raise NotStreamable("unreadable") from None
-        if not text.lstrip().startswith("{"):
-            raise NotStreamable("not JSON")
-        for number, item in enumerate(list_items(text), start=1):
+        items = json_list_items(text) if text.lstrip().startswith("{") else yaml_list_items(text)
+        for number, item in enumerate(items, start=1):
             yield list_item(item, Location(path, 1, number))
