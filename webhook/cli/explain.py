@@ -23,7 +23,7 @@ from .options import (
 @cluster_option("Cluster snapshot file or directory (repeatable).")
 @output_option("json", "yaml")
 @live_cluster_options
-def explain(files, cluster, output, kubeconfig, context) -> None:
+def explain(manifests, cluster, output, kubeconfig, context) -> None:
     """Where could each pod go? The kubelet's verdict on every node, as if it were bound there.
 
     Exit status: 0 every object fits somewhere, 1 some object fits on no node, 2 input error.
@@ -33,8 +33,10 @@ def explain(files, cluster, output, kubeconfig, context) -> None:
 
     if not cluster and not (kubeconfig or context):
         raise InputError("explain needs cluster state: --cluster SNAPSHOT or --kubeconfig/--context")
-    state = dry_run_state(cluster, kubeconfig, context)
-    explained, errors = explain_documents(files, state)
+    view = dry_run_state(cluster, kubeconfig, context)
+    for warning in view.warnings:
+        click.echo(f"WARNING {warning}", err=True)
+    explained, errors = explain_documents(manifests, view.state)
     render.explanations(explained, errors, output)
     if errors:
         sys.exit(EXIT_INPUT_ERROR)
