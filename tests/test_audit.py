@@ -374,7 +374,7 @@ def run_audit(*args):
 
 
 def test_json_output_follows_the_contract_and_findings_exit_1(tmp_path):
-    result = run_audit("--cluster", write_snapshot(tmp_path, *storm(25)), "-o", "json")
+    result = run_audit("--cluster", write_snapshot(tmp_path, node("n"), *storm(25)), "-o", "json")
     assert result.exit_code == 1, result.output
     body = json.loads(result.stdout)
     assert set(body) == {"findings", "summary"}
@@ -413,7 +413,8 @@ def test_unusable_input_exits_2_and_names_file_and_field(tmp_path):
 def test_text_output_has_one_table_per_type_worst_first(tmp_path):
     old_storm = storm(25, created="2020-01-01T00:00:00Z")
     objects = [*old_storm, node("gpu-1", extra={"nvidia.com/gpu": "1"}), gpu_pod("a", count="2")]
-    result = run_audit("--cluster", write_snapshot(tmp_path, *objects))
+    # Judged long after the storm (by default, the snapshot's newest timestamp: during it).
+    result = run_audit("--cluster", write_snapshot(tmp_path, *objects), "--now", "2026-01-01T00:00:00Z")
     lines = result.stdout.splitlines()
     # the overcommitted GPU node is high; the old storm is medium
     assert lines.index("Overcommitted (1)") < lines.index("AdmissionStorm (1)")

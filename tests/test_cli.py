@@ -36,8 +36,8 @@ def test_json_output_follows_the_contract():
     result = run("-f", str(EXAMPLES / "workloads" / "incident-1-pinned-deployment.yaml"), "-o", "json")
     [entry] = json.loads(result.stdout)["results"]
     assert set(entry) == {
-        "file", "document", "item", "kind", "namespace", "name", "allowed", "skipped", "violations",
-        "warnings", "patch",
+        "file", "document", "item", "kind", "namespace", "name", "allowed", "skipped", "exempted",
+        "violations", "warnings", "patch",
     }  # fmt: skip
     assert (entry["document"], entry["item"], entry["skipped"]) == (1, None, False)
     assert set(entry["violations"][0]) == {"policy", "reason", "message", "node"}
@@ -185,14 +185,21 @@ def test_objects_that_create_no_pods_are_skipped_and_counted(tmp_path):
     manifest = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c, namespace: web}\n---\n"
     manifest += "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata: {name: r}\n---\n"
     manifest += "apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: w}\n---\n" + GOOD
-    text = run("-f", "-", stdin=manifest)
+    text = run("-f", "-", "-v", stdin=manifest)
     assert text.exit_code == 0
     assert "SKIP  ConfigMap web/c" in text.stdout and "SKIP  ClusterRole r  (" in text.stdout
     assert "4 objects: 1 allowed, 0 denied, 0 warned, 3 skipped, 0 input errors" in text.stderr
     data = json.loads(run("-f", "-", "-o", "json", stdin=manifest).stdout)
     assert [r["skipped"] for r in data["results"]] == [True, True, True, False]
     assert data["results"][1]["namespace"] is None  # cluster-scoped: no default/
-    assert data["summary"] == {"allowed": 1, "denied": 0, "warned": 0, "skipped": 3, "errors": 0}
+    assert data["summary"] == {
+        "allowed": 1,
+        "denied": 0,
+        "warned": 0,
+        "exempted": 0,
+        "skipped": 3,
+        "errors": 0,
+    }
 
 
 def test_list_items_carry_their_document_and_item_index(tmp_path):

@@ -112,7 +112,7 @@ MIXED = (
 
 
 def test_objects_that_create_no_pods_are_skipped_and_counted_in_the_summary_line():
-    result = cli("check", "-f", "-", stdin=MIXED)
+    result = cli("check", "-f", "-", "-v", stdin=MIXED)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert [line.split()[0] for line in lines] == ["SKIP", "SKIP", "SKIP", "ALLOW"]
@@ -126,7 +126,7 @@ def test_json_and_yaml_output_carry_document_index_skipped_and_no_namespace_when
     result = cli("check", "-f", "-", "-o", output, stdin=MIXED)
     assert result.returncode == 0, result.stderr
     body = json.loads(result.stdout) if output == "json" else yaml.safe_load(result.stdout)
-    assert set(body) == {"results", "errors", "summary"}
+    assert set(body) == {"results", "errors", "summary", "cluster"}
     results = body["results"]
     assert [(r["document"], r["item"], r["kind"], r["skipped"]) for r in results] == [
         (1, None, "ConfigMap", True),
@@ -135,7 +135,15 @@ def test_json_and_yaml_output_carry_document_index_skipped_and_no_namespace_when
         (4, None, "Deployment", False),
     ]
     assert [r["namespace"] for r in results] == ["web", None, None, "web"]
-    assert body["summary"] == {"allowed": 1, "denied": 0, "warned": 0, "skipped": 3, "errors": 0}
+    assert body["summary"] == {
+        "allowed": 1,
+        "denied": 0,
+        "warned": 0,
+        "exempted": 0,
+        "skipped": 3,
+        "errors": 0,
+    }
+    assert body["cluster"] is None  # no cluster state given
 
 
 def test_list_items_carry_their_item_index():

@@ -97,6 +97,9 @@ class Report:
     findings: list[Finding]
     scanned: dict[str, int] = field(default_factory=dict)
     storm_threshold: int = DEFAULT_STORM_THRESHOLD
+    # Finding types the input could not show (no workloads, no Failed pods): type -> why.
+    not_judged: dict[str, str] = field(default_factory=dict)
+    judged_at: float | None = None
 
     @property
     def summary(self) -> dict[str, Any]:
@@ -106,6 +109,8 @@ class Report:
             "bySeverity": {s: sum(f.severity == s for f in self.findings) for s in SEVERITIES},
             "scanned": self.scanned,
             "stormThreshold": self.storm_threshold,
+            "notJudged": self.not_judged,
+            "judgedAt": _rfc3339(self.judged_at) if self.judged_at is not None else None,
         }
 
     def as_json(self) -> dict[str, Any]:
@@ -140,7 +145,30 @@ def run_audit(inventory: Inventory, config: Config, now: float) -> Report:
         "workloads": len(inventory.workloads),
         "rejectedPods": len(inventory.rejected),
     }
-    return Report(worst_first(findings), scanned, settings.threshold)
+    report = Report(worst_first(findings), scanned, settings.threshold, judged_at=now)
+    report.not_judged = {t: why for t, why in unjudged(inventory).items() if audited(config, t)}
+    return report
+
+
+WORKLOAD_LIST = "deployments,replicasets,statefulsets,daemonsets,jobs,cronjobs,replicationcontrollers"
+
+
+def unjudged(inventory: Inventory) -> dict[str, str]:
+    """The finding types whose input the inventory lacks, and what to add: "no findings" of a
+    type the audit could not see is not a clean bill."""
+    missing = {}
+    facts = inventory.facts
+    if not inventory.workloads:
+        missing[PINNED] = f"no workloads were read: add {WORKLOAD_LIST} to the kubectl get"
+    if not facts.failed_pods and not inventory.rejected:
+        missing[STORM] = (
+            "no Failed pods were read: a storm leaves them behind (none in the cluster, or the "
+            "snapshot left them out)"
+        )
+    if not inventory.pods_read:
+        why = "no pods were read: take nodes and pods together ('kubectl get nodes,pods -A')"
+        missing[MIXED] = missing[OVERCOMMITTED] = why
+    return missing
 
 
 def worst_first(findings: Iterable[Finding]) -> list[Finding]:

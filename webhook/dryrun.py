@@ -2,24 +2,47 @@
 
 Every document goes through ``engine.evaluate`` with the cluster state and the config, one
 ``Result`` each. A document that cannot be parsed, or whose pod cannot be read, is an input
-error in its place, never a verdict: CI must not pass what was never checked.
+error in its place, never a verdict: CI must not pass what was never checked. So is what the
+API server itself would refuse (a version it does not serve, ``kind: deployment``, half a GPU)
+and a Helm template not yet rendered. What the engine could not judge is said too: a check
+skipped for lack of cluster state is a warning naming it, an exempted object is ``EXEMPT``.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from .config import Config
+from .checks.sysctl import pod_sysctls
+from .config import POLICY_NAMES, Config
 from .engine import Decision, evaluate
+from .kube.api_validation import check_resource_requirements
 from .kube.errors import FieldError
-from .kube.workloads import BUILT_IN, WorkloadTable
-from .manifests import Document, Location, ManifestError, read_documents
+from .kube.kinds import api_problem, namespaced
+from .kube.rejection import controller_owner
+from .kube.workloads import BUILT_IN, PodShape, WorkloadTable, pod_shape
+from .manifests import HELM_HINT, TEMPLATE, Document, Location, ManifestError, Manifests, read_documents
+from .policies.node_admission import NO_CLUSTER_STATE
 from .state import ClusterState
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Exempted:
+    """Why policies did not judge an object: ``excludedNamespaces``, or which ``exemptions``."""
+
+    by: str
+    policies: tuple[str, ...]
+
+    def as_json(self) -> dict[str, Any]:
+        return {"by": self.by, "policies": list(self.policies)}
+
+    def __str__(self) -> str:
+        return f"exempted from {', '.join(self.policies)} by {self.by}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,9 +56,16 @@ class Result:
     name: str
     decision: Decision
     skipped: bool  # the kind creates no pods: nothing to check
+    exempted: Exempted | None = None
 
     @classmethod
-    def of(cls, doc: Document, decision: Decision, workloads: WorkloadTable = BUILT_IN) -> Result:
+    def of(
+        cls,
+        doc: Document,
+        decision: Decision,
+        exempted: Exempted | None = None,
+        workloads: WorkloadTable = BUILT_IN,
+    ) -> Result:
         skipped = not workloads.creates_pods(doc.obj)
         metadata = _metadata(doc.obj)
         # Cluster-scoped kinds have no namespace, and ``default/`` would be a lie.
@@ -43,7 +73,7 @@ class Result:
             str(metadata["namespace"]) if metadata.get("namespace") else (None if skipped else "default")
         )
         name = str(metadata.get("name") or metadata.get("generateName") or "")
-        return cls(doc.location, doc.obj["kind"], namespace, name, decision, skipped)
+        return cls(doc.location, doc.obj["kind"], namespace, name, decision, skipped, exempted)
 
     @property
     def verdict(self) -> str:
@@ -53,7 +83,9 @@ class Result:
             return "deny"
         if self.decision.patch:
             return "patch"
-        return "warn" if self.decision.notices else "allow"
+        if self.decision.notices:
+            return "warn"
+        return "exempt" if self.exempted else "allow"
 
     def as_json(self) -> dict[str, Any]:
         location = self.location
@@ -66,6 +98,7 @@ class Result:
             "name": self.name,
             "allowed": self.decision.allowed,
             "skipped": self.skipped,
+            "exempted": self.exempted.as_json() if self.exempted else None,
             "violations": [
                 {"policy": v.policy, "reason": v.reason, "message": v.message, "node": v.node}
                 for v in self.decision.violations
@@ -75,9 +108,9 @@ class Result:
         }
 
 
-def _metadata(obj: dict[str, Any]) -> dict[str, Any]:
+def _metadata(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     metadata = obj.get("metadata")
-    return metadata if isinstance(metadata, dict) else {}
+    return metadata if isinstance(metadata, Mapping) else {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,28 +122,44 @@ class Summary:
     warned: int
     skipped: int
     errors: int
+    exempted: int = 0
+    skipped_kinds: tuple[tuple[str, int], ...] = ()  # the kinds skipped, most first
 
     @classmethod
     def of(cls, results: list[Result], errors: list[ManifestError]) -> Summary:
-        verdicts = [r.verdict for r in results]
+        verdicts = Counter(r.verdict for r in results)
+        kinds = Counter(r.kind for r in results if r.skipped)
         return cls(
-            allowed=verdicts.count("allow"),
-            denied=verdicts.count("deny"),
-            warned=verdicts.count("warn") + verdicts.count("patch"),
-            skipped=verdicts.count("skip"),
+            allowed=verdicts["allow"],
+            denied=verdicts["deny"],
+            warned=verdicts["warn"] + verdicts["patch"],
+            skipped=verdicts["skip"],
             errors=len(errors),
+            exempted=verdicts["exempt"],
+            skipped_kinds=tuple(kinds.most_common()),
         )
 
+    def as_json(self) -> dict[str, int]:
+        return {
+            "allowed": self.allowed,
+            "denied": self.denied,
+            "warned": self.warned,
+            "exempted": self.exempted,
+            "skipped": self.skipped,
+            "errors": self.errors,
+        }
+
     def __str__(self) -> str:
-        total = self.allowed + self.denied + self.warned + self.skipped
+        total = self.allowed + self.denied + self.warned + self.skipped + self.exempted
+        exempted = f"{self.exempted} exempted, " if self.exempted else ""
         return (
-            f"{total} objects: {self.allowed} allowed, {self.denied} denied, {self.warned} warned, "
-            f"{self.skipped} skipped, {self.errors} input errors"
+            f"{total} objects: {self.allowed} allowed, {exempted}{self.denied} denied, "
+            f"{self.warned} warned, {self.skipped} skipped, {self.errors} input errors"
         )
 
 
 def check_documents(
-    files: Iterable[str],
+    files: Iterable[str] | Manifests,
     state: ClusterState | None,
     config: Config,
     *,
@@ -118,35 +167,44 @@ def check_documents(
     user: str = "",
     groups: tuple[str, ...] = (),
     on_document: Callable[[int], None] | None = None,
+    now: float | None = None,
 ) -> tuple[list[Result], list[ManifestError]]:
     """Every document of ``files`` through the engine: (results, input errors).
-    ``on_document`` hears how many were judged before each one (for a progress line)."""
+    ``on_document`` hears how many were judged before each one (for a progress line); ``now``
+    is the time the storm breakers are asked at (the wall clock by default)."""
+    moment = time.time() if now is None else now
 
     def judge(doc: Document) -> Result:
-        decision = evaluate(doc.obj, operation, state, config, user=user, groups=groups, now=time.time())
+        check_api_rules(doc.obj)
+        decision = evaluate(doc.obj, operation, state, config, user=user, groups=groups, now=moment)
         if decision.unreadable:
             raise decision.unreadable
-        return Result.of(doc, decision, config.workloads)
+        if state is None:
+            decision.warnings.extend(stateless_warnings(doc.obj, operation, decision, config, user, groups))
+        return Result.of(doc, decision, exemption(doc.obj, config, user, groups), config.workloads)
 
     return judge_documents(files, judge, on_document)
 
 
 def judge_documents(
-    files: Iterable[str],
+    files: Iterable[str] | Manifests,
     judge: Callable[[Document], T | None],
     on_document: Callable[[int], None] | None = None,
 ) -> tuple[list[T], list[ManifestError]]:
     """``judge`` over every document of ``files``: what it returned (None: nothing to report)
-    and the input errors, unreadable documents and unreadable fields each at its location."""
+    and the input errors, unreadable documents and unreadable fields each at its location.
+    Objects that name no namespace get the one the command was given (``-n``)."""
+    source = files if isinstance(files, Manifests) else Manifests(tuple(files))
     results: list[T] = []
     errors: list[ManifestError] = []
-    for doc in read_documents(files):
+    for doc in read_documents(source):
         if on_document is not None:
             on_document(len(results) + len(errors))
         if isinstance(doc, ManifestError):
             errors.append(doc)
             continue
         try:
+            place_in_namespace(doc.obj, source)
             result = judge(doc)
         except FieldError as err:
             errors.append(ManifestError(doc.location, f"{doc.obj['kind']}: field {err}"))
@@ -154,3 +212,158 @@ def judge_documents(
         if result is not None:
             results.append(result)
     return results, errors
+
+
+def place_in_namespace(obj: dict[str, Any], source: Manifests) -> None:
+    """Set ``-n`` on a namespaced object that names no namespace, as kubectl does; with ``-n``
+    given, an object in another namespace is refused, as kubectl refuses it."""
+    metadata = obj.get("metadata")
+    if not isinstance(metadata, dict):
+        return  # the engine names the field
+    scoped = namespaced(obj["apiVersion"], obj["kind"])
+    if scoped is False or (scoped is None and pod_shape(obj) is None):
+        return  # cluster-scoped, or a custom resource whose scope only its CRD knows
+    own = metadata.get("namespace")
+    if not own:
+        metadata["namespace"] = source.namespace
+    elif source.explicit_namespace and own != source.namespace:
+        raise FieldError(
+            "metadata.namespace",
+            f"{own!r} does not match the namespace {source.namespace!r} given with -n "
+            f"(kubectl refuses it the same way: pass --namespace={own})",
+        )
+
+
+# -- what the API server refuses ------------------------------------------------------------
+
+
+def check_api_rules(obj: Mapping[str, Any]) -> None:
+    """Raise ``FieldError`` for what the API server would refuse before the guard judged it:
+    an unrendered template, a version or kind it does not serve, resources it does not allow."""
+    unrendered(obj)
+    problem = api_problem(obj["apiVersion"], obj["kind"])
+    if problem is not None:
+        raise FieldError(*problem)
+    shape = pod_shape(obj)
+    if shape is not None:
+        check_resource_requirements(shape)
+
+
+_NOT_SCANNED = frozenset({"annotations", "command", "args", "env"})  # where programs keep templates
+
+
+def unrendered(obj: Mapping[str, Any]) -> None:
+    """``{{ ... }}`` in a name, or anywhere in a pod-creating object but where a program's own
+    templates live (annotations, a container's command, args and env): a Helm chart not yet
+    rendered, not something to judge."""
+    metadata = _metadata(obj)
+    for key in ("name", "generateName", "namespace"):
+        _no_template(metadata.get(key), f"metadata.{key}")
+    if pod_shape(obj) is not None:
+        _scan(obj, "")
+
+
+def _scan(value: Any, path: str) -> None:
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if key not in _NOT_SCANNED:
+                _scan(item, f"{path}.{key}" if path else str(key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _scan(item, f"{path}[{i}]")
+    else:
+        _no_template(value, path)
+
+
+def _no_template(value: Any, path: str) -> None:
+    if isinstance(value, str) and TEMPLATE.search(value):
+        raise FieldError(path, f"{value!r} is {HELM_HINT}")
+
+
+# -- what the engine could not judge --------------------------------------------------------
+
+
+def stateless_warnings(
+    obj: Mapping[str, Any],
+    operation: str,
+    decision: Decision,
+    config: Config,
+    user: str,
+    groups: tuple[str, ...],
+) -> list[str]:
+    """A warning for each check that needs cluster state and had none, naming the check, so
+    that ``--warnings-as-errors`` fails a run that could not check what it claims to.
+    (``nodeAdmission``'s check of a pod bound to a node warns from the engine itself.)"""
+    shape = pod_shape(obj)
+    if shape is None or decision.pod is None or operation not in ("CREATE", "UPDATE"):
+        return []
+    namespace = str(_metadata(obj).get("namespace") or "default")
+    name = _metadata(obj).get("name") or _metadata(obj).get("generateName") or "<unnamed>"
+    subject = f"{shape.kind} {namespace}/{name}"
+
+    def active(policy: str) -> bool:
+        return (
+            namespace not in config.excluded_namespaces
+            and config.mode(policy) != "off"
+            and not config.exempts(policy, namespace, user, groups)
+        )
+
+    warnings = []
+    if active("deviceScheduler"):
+        warnings += _device_owner_unknown(subject, shape, decision, config)
+    if active("nodeAdmission") and not shape.spec.get("nodeName") and pod_sysctls(shape.spec):
+        warnings.append(
+            f"[nodeAdmission] {NO_CLUSTER_STATE}: {subject} sets sysctls "
+            f"({', '.join(pod_sysctls(shape.spec))}), but no cluster state was given, so the nodes' "
+            "sysctl allowlists were not checked (give --cluster)."
+        )
+    if active("stormBreaker") and shape.kind == "Pod" and operation == "CREATE" and controller_owner(obj):
+        owner = controller_owner(obj)
+        warnings.append(
+            f"[stormBreaker] {NO_CLUSTER_STATE}: {subject} is created by {owner.kind} {owner.name}, "
+            "but no cluster state was given, so its owner's admission storms were not checked "
+            "(give --cluster)."
+        )
+    return warnings
+
+
+def _device_owner_unknown(subject: str, shape: PodShape, decision: Decision, config: Config) -> list[str]:
+    settings = config.device_scheduler
+    if not settings.autodetect:
+        return []  # only configured owners count: cluster state would change nothing
+    annotations = shape.metadata.get("annotations") or {}
+    if any(key in annotations for key, _ in settings.annotations):
+        return []
+    unowned = sorted(
+        resource
+        for resource, amount in decision.pod.record.requests.items()
+        if amount > 0 and settings.is_device(resource) and settings.configured_owner(resource) is None
+    )
+    if not unowned:
+        return []
+    scheduler = shape.spec.get("schedulerName") or "default-scheduler"
+    return [
+        f"[deviceScheduler] {NO_CLUSTER_STATE}: {subject} asks for {', '.join(unowned)} with "
+        f"schedulerName {scheduler!r}, but no owner is configured for it and no cluster state was "
+        "given to detect one, so device ownership was not checked (give --cluster, or set "
+        "policies.deviceScheduler.owners)."
+    ]
+
+
+def exemption(obj: Mapping[str, Any], config: Config, user: str, groups: tuple[str, ...]) -> Exempted | None:
+    """Which policies an exclusion or exemption lifted for this pod-creating object."""
+    if not config.workloads.creates_pods(obj):
+        return None
+    namespace = str(_metadata(obj).get("namespace") or "default")
+    active = [name for name in POLICY_NAMES if config.mode(name) != "off"]
+    if namespace in config.excluded_namespaces:
+        return Exempted("excludedNamespaces", tuple(active))
+    lifted: dict[str, list[str]] = {}
+    for policy in active:
+        for i, rule in enumerate(config.exemptions):
+            if rule.covers(policy, namespace, user, groups):
+                lifted.setdefault(f"exemptions[{i}]", []).append(policy)
+                break
+    if not lifted:
+        return None
+    return Exempted(", ".join(lifted), tuple(p for policies in lifted.values() for p in policies))

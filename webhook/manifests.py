@@ -6,6 +6,9 @@ mapping key is an error naming it and its line (kubectl refuses them; silently k
 last one would check an object other than the one written, and ``cat a.yaml b.yaml`` without
 ``---`` would check one object out of two). A file with no objects is an error too. Timestamps
 stay strings (Kubernetes keeps ``creationTimestamp`` a string).
+
+Errors say what most likely went wrong: a tab where YAML wants spaces, a Helm template not yet
+rendered, a ``kubectl get`` table where objects were expected.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ import re
 import sys
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
+from fnmatch import fnmatchcase
+from pathlib import Path, PurePath
 from typing import Any
 
 import yaml
@@ -105,22 +109,50 @@ class ManifestError:
         return f"{self.location}: {self.message}"
 
 
-def manifest_files(paths: Iterable[str]) -> Iterator[str | ManifestError]:
-    """Expand directories (recursively, sorted) to their YAML/JSON files; ``-`` is stdin."""
+@dataclass(frozen=True, slots=True)
+class Manifests:
+    """What a command was told to read: files and directories (``-f``), files of a directory
+    left out (``--exclude``), kustomizations to render (``-k``), and the namespace of objects
+    that name none (``-n``: ``explicit`` when given, as kubectl then refuses other namespaces)."""
+
+    paths: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    kustomizations: tuple[str, ...] = ()
+    namespace: str = "default"
+    explicit_namespace: bool = False
+
+
+def manifest_files(paths: Iterable[str], exclude: tuple[str, ...] = ()) -> Iterator[str | ManifestError]:
+    """Expand directories (recursively, sorted) to their YAML/JSON files; ``-`` is stdin.
+    A file under a directory is left out when a glob of ``exclude`` matches its path below
+    that directory, its name, or the name of a directory on the way."""
     for path in paths:
         p = Path(path)
         if path == "-" or not p.is_dir():
             yield path
             continue
-        found = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix in MANIFEST_SUFFIXES)
+        found = sorted(
+            f
+            for f in p.rglob("*")
+            if f.is_file() and f.suffix in MANIFEST_SUFFIXES and not excluded(f.relative_to(p), exclude)
+        )
         if not found:
-            yield ManifestError(Location(path), "directory holds no .yaml, .yml or .json files")
+            what = "no .yaml, .yml or .json files" + (" left after --exclude" if exclude else "")
+            yield ManifestError(Location(path), f"directory holds {what}")
         yield from (str(f) for f in found)
 
 
-def read_documents(paths: Iterable[str]) -> Iterator[Document | ManifestError]:
+def excluded(relative: PurePath, globs: tuple[str, ...]) -> bool:
+    text = relative.as_posix()
+    return any(
+        fnmatchcase(text, glob) or any(fnmatchcase(part, glob) for part in relative.parts) for glob in globs
+    )
+
+
+def read_documents(paths: Iterable[str] | Manifests) -> Iterator[Document | ManifestError]:
     """Every object in ``paths``; items of ``List`` kinds are yielded one by one."""
-    for path in manifest_files(paths):
+    source = paths if isinstance(paths, Manifests) else Manifests(tuple(paths))
+    for path in manifest_files(source.paths, source.exclude):
         if isinstance(path, ManifestError):
             yield path
             continue
@@ -131,10 +163,31 @@ def read_documents(paths: Iterable[str]) -> Iterator[Document | ManifestError]:
             yield ManifestError(Location(path), f"cannot read: {reason}")
             continue
         yield from documents_in(text, "<stdin>" if path == "-" else path)
+    for directory in source.kustomizations:
+        from .kustomize import KustomizeError, render
+
+        try:
+            text = render(directory)
+        except KustomizeError as err:
+            yield ManifestError(Location(directory), str(err))
+            continue
+        yield from documents_in(text, f"{directory} (kubectl kustomize)")
+
+
+_TABLE = re.compile(r"\s*(?:NAMESPACE|NAME)[ \t]{2,}\S")  # the header of a ``kubectl get`` table
+TEMPLATE = re.compile(r"\{\{.*?\}\}")  # a Helm (Go template) expression
+HELM_HINT = (
+    "an unrendered Helm template: render the chart first ('helm template RELEASE CHART') and check its output"
+)
 
 
 def documents_in(text: str, source: str) -> Iterator[Document | ManifestError]:
     """Parse one file's text: JSON when it starts with ``{`` (as kubectl decides), else YAML."""
+    if _TABLE.match(text):
+        yield ManifestError(
+            Location(source), "a 'kubectl get' table, not objects: take it with -o yaml or -o json"
+        )
+        return
     empty = True
     for item in _parsed(text, source):
         empty = False
@@ -164,7 +217,8 @@ def _parsed(text: str, source: str) -> Iterator[Document | ManifestError]:
         for number, raw in enumerate(yaml.load_all(text, Loader=StrictLoader), start=1):
             yield from _objects(raw, Location(source, number))
     except yaml.YAMLError as err:
-        yield ManifestError(Location(source, number + 1), f"invalid YAML: {yaml_problem(err)}")
+        problem = yaml_problem(err, text)
+        yield ManifestError(Location(source, number + 1), f"invalid YAML: {problem}")
     except RecursionError:
         yield ManifestError(Location(source, number + 1), "invalid YAML: nested too deeply")
 
@@ -181,12 +235,23 @@ def _near(text: str, key: str) -> str:
     return f" (line {text.count(chr(10), 0, hits[1]) + 1})" if len(hits) > 1 else ""
 
 
-def yaml_problem(err: yaml.YAMLError) -> str:
+def yaml_problem(err: yaml.YAMLError, text: str = "") -> str:
+    """The parser's problem and where; with ``text``, what most likely caused it: a tab, or a
+    template expression YAML cannot read (``name: {{ .Release.Name }}``)."""
     mark = getattr(err, "problem_mark", None)
     problem = getattr(err, "problem", None) or str(err)
-    if mark is not None:
-        return f"{problem} (line {mark.line + 1}, column {mark.column + 1})"
-    return problem
+    if mark is None:
+        return problem
+    where = f"{problem} (line {mark.line + 1}, column {mark.column + 1})"
+    lines = text.splitlines()
+    line = lines[mark.line] if mark.line < len(lines) else ""
+    if "'\\t'" in problem or "\t" in line:
+        return f"{where}: a tab character; YAML indents with spaces only"
+    template = TEMPLATE.search(text)
+    if template is not None:
+        at = text.count("\n", 0, template.start()) + 1
+        return f"{where}: {template.group()!r} on line {at} is {HELM_HINT}"
+    return where
 
 
 def _objects(raw: Any, where: Location) -> Iterator[Document | ManifestError]:

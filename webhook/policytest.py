@@ -38,6 +38,7 @@ _CASE_KEYS = {
     "name",
     "object",
     "objectPath",
+    "document",
     "operation",
     "oldObject",
     "oldObjectPath",
@@ -350,7 +351,7 @@ def _expect(where: Reader, raw: Any, at: str) -> Mapping[str, Any]:
     if "patched" in expect:
         where.mapping(expect["patched"], f"{at}.patched")
     if "patchedPath" in expect:
-        expect = {**expect, "patched": _object(where, {"objectPath": expect["patchedPath"]}, at, "object")}
+        expect = {**expect, "patched": _object(where, {"patchedPath": expect["patchedPath"]}, at, "patched")}
     return expect
 
 
@@ -374,26 +375,53 @@ def _moment(where: Reader, value: Any, at: str) -> float:
 
 
 def _object(where: Reader, raw: Mapping[str, Any], at: str, key: str) -> dict[str, Any]:
-    """An inline object, or the single object in the file named by ``<key>Path``."""
+    """An inline object, or the object in the file named by ``<key>Path``: its only one, or
+    (``objectPath`` only) the one of its documents that ``document`` names, 1-based."""
+    path_key = f"{key}Path"
     if key in raw:
         return dict(where.mapping(raw[key], f"{at}.{key}"))
-    if f"{key}Path" not in raw:
-        where.fail(at, f"needs {key} or {key}Path")
+    if path_key not in raw:
+        where.fail(at, f"needs {key} or {path_key}")
         return {}
-    path = _relative(where, raw[f"{key}Path"], f"{at}.{key}Path")
+    path = _relative(where, raw[path_key], f"{at}.{path_key}")
+    document = _document_number(where, raw, at) if key == "object" else None
     if path is None:
         return {}
     try:
         docs = list(documents_in(path.read_text(), str(path)))
     except OSError as err:
-        where.fail(f"{at}.{key}Path", f"cannot read {path}: {err.strerror}")
+        where.fail(f"{at}.{path_key}", f"cannot read {path}: {err.strerror}")
         return {}
     errors = [d for d in docs if isinstance(d, ManifestError)]
+    if errors:
+        where.fail(f"{at}.{path_key}", str(errors[0]))
+        return {}
     objects = [d.obj for d in docs if isinstance(d, Document)]
-    if errors or len(objects) != 1:
-        where.fail(f"{at}.{key}Path", str(errors[0]) if errors else f"{path} must hold exactly one object")
+    if document is not None:
+        chosen = [d.obj for d in docs if d.location.document == document and d.location.item is None]
+        if len(chosen) != 1:
+            where.fail(f"{at}.document", f"{path} has no object as document {document}")
+            return {}
+        return chosen[0]
+    if len(objects) != 1:
+        hint = f": name one with document: N (1 to {len(objects)})" if key == "object" else ""
+        where.fail(f"{at}.{path_key}", f"{path} must hold exactly one object, it holds {len(objects)}{hint}")
         return {}
     return objects[0]
+
+
+def _document_number(where: Reader, raw: Mapping[str, Any], at: str) -> int | None:
+    """``document: N``, which object of a multi-document ``objectPath`` the case means."""
+    if "document" not in raw:
+        return None
+    value = raw["document"]
+    if "objectPath" not in raw:
+        where.fail(f"{at}.document", "picks a document of objectPath; give objectPath too")
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        where.fail(f"{at}.document", f"must be a document number, 1 or more (got {value!r})")
+        return None
+    return value
 
 
 def _relative(where: Reader, value: Any, at: str) -> Path | None:

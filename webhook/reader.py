@@ -42,7 +42,7 @@ def load_yaml(path: str | Path, error: type[ReadError] = ReadError) -> Any:
         return yaml.load(text, Loader=StrictLoader)
     except yaml.YAMLError as err:
         context = getattr(err, "context", None)  # "expected a single document in the stream"
-        problem = f"{context}: {yaml_problem(err)}" if context else yaml_problem(err)
+        problem = f"{context}: {yaml_problem(err, text)}" if context else yaml_problem(err, text)
         raise error(f"{path}: invalid YAML: {problem}") from None
     except RecursionError:
         raise error(f"{path}: invalid YAML: nested too deeply") from None

@@ -12,9 +12,11 @@ from .options import (
     cluster_option,
     config_option,
     dry_run_state,
+    junit_option,
     live_cluster_options,
     load_config,
     manifest_options,
+    now_option,
     output_option,
 )
 
@@ -31,9 +33,12 @@ from .options import (
 @click.option("--as-group", "groups", multiple=True, help="Evaluate as a member of this group (repeatable).")
 @click.option("--warnings-as-errors", is_flag=True, help="Exit 1 when any warning was given.")
 @click.option("-q", "--fail-only", is_flag=True, help="Print only denials, warnings and input errors.")
+@click.option("-v", "--verbose", is_flag=True, help="List skipped objects too (else counted in the summary).")
+@now_option
+@junit_option("object (and input error)")
 @live_cluster_options
 def check(
-    files,
+    manifests,
     cluster,
     config_path,
     output,
@@ -42,37 +47,58 @@ def check(
     groups,
     warnings_as_errors,
     fail_only,
+    verbose,
+    now,
+    junit,
     kubeconfig,
     context,
 ) -> None:
     """Check manifests as the admission webhook would.
 
-    Objects that create no pods are reported as skipped. Exit status: 0 all allowed (or
-    skipped), 1 any denied (or warned, with --warnings-as-errors), 2 usage or input error.
+    Objects that create no pods are skipped (counted in the summary; -v lists them). Exit
+    status: 0 all allowed (or skipped, or exempt), 1 any denied (or warned, with
+    --warnings-as-errors), 2 usage or input error.
     """
     from ..dryrun import Summary, check_documents
     from ..state.gc_pause import collector_paused
     from . import render
 
     config = load_config(config_path)
-    state = dry_run_state(cluster, kubeconfig, context, config)
+    reading = render.Progress(sys.stderr, line="read {:,} snapshot objects...")
+    view = dry_run_state(cluster, kubeconfig, context, config, on_object=reading.tick)
+    reading.done()
+    moment = view.judged_at(now)
     progress = render.Progress(sys.stderr)
     # Tens of thousands of objects stay alive until the report is printed: the collector's
     # full passes over them would cost as much as the parse, and they hold no cycles.
     with collector_paused():
         results, errors = check_documents(
-            files,
-            state,
+            manifests,
+            view.state,
             config,
             operation=operation,
             user=user,
             groups=tuple(groups),
             on_document=progress.tick,
+            now=moment,
         )
         progress.done()
         summary = Summary.of(results, errors)
-        render.check_report(results, errors, summary, output, fail_only)
+        if output == "text":
+            render.cluster_text(view, moment, told=now is not None)
+        render.check_report(
+            results,
+            errors,
+            summary,
+            output,
+            fail_only,
+            verbose=verbose,
+            cluster=render.cluster_json(view, moment),
+        )
+        if junit:
+            render.check_junit(results, errors, junit, warnings_as_errors)
     if errors:
         sys.exit(EXIT_INPUT_ERROR)
-    if summary.denied or (warnings_as_errors and summary.warned):
+    warned = summary.warned or (view.warnings and view.state is not None)
+    if summary.denied or (warnings_as_errors and warned):
         sys.exit(EXIT_DENIED)

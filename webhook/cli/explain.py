@@ -27,7 +27,7 @@ from .options import (
 @output_option("json", "yaml")
 @click.option("--summary", "summary_only", is_flag=True, help="One line per pod: the counts, not every node.")
 @live_cluster_options
-def explain(files, cluster, config_path, output, summary_only, kubeconfig, context) -> None:
+def explain(manifests, cluster, config_path, output, summary_only, kubeconfig, context) -> None:
     """Where could each pod go? Every node with the scheduler's filters and the kubelet's verdict.
 
     Exit status: 0 every pod fits somewhere, 1 some pod fits on no node, 2 input error.
@@ -38,8 +38,10 @@ def explain(files, cluster, config_path, output, summary_only, kubeconfig, conte
     if not cluster and not (kubeconfig or context):
         raise InputError("explain needs cluster state: --cluster SNAPSHOT or --kubeconfig/--context")
     config = load_config(config_path)
-    state = dry_run_state(cluster, kubeconfig, context)
-    explained, errors = explain_documents(files, state, config)
+    view = dry_run_state(cluster, kubeconfig, context)
+    for warning in view.warnings:
+        click.echo(f"WARNING {warning}", err=True)
+    explained, errors = explain_documents(manifests, view.state, config)
     render.explanations(explained, errors, output, summary_only)
     if errors:
         sys.exit(EXIT_INPUT_ERROR)

@@ -8,8 +8,12 @@ read by the face it belongs to, imported when a command runs (see the package do
 
 from __future__ import annotations
 
+import functools
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 import click
@@ -18,6 +22,7 @@ if TYPE_CHECKING:
     from ..config import Config
     from ..state import ClusterState
     from ..state.origin import StateOrigin
+    from ..state.snapshot import SnapshotFacts
 
 EXIT_DENIED = 1
 EXIT_INPUT_ERROR = 2
@@ -30,9 +35,84 @@ class InputError(click.ClickException):
 
 
 def manifest_options(help: str):
-    """``-f/--filename``, repeatable: the manifests a command judges. An option about which
-    manifests are read belongs here, so that every command reading them takes it."""
-    return click.option("-f", "--filename", "files", multiple=True, required=True, help=help)
+    """The manifests a command judges, passed to it as ``manifests`` (a ``Manifests``):
+    ``-f/--filename`` and ``-k/--kustomize`` (repeatable, at least one), ``--exclude GLOB``
+    for files under ``-f`` directories, ``-n/--namespace`` for objects that name none. An
+    option about which manifests are read belongs here, so that every command reading them
+    takes it."""
+    options = (
+        click.option("-f", "--filename", "files", multiple=True, help=help),
+        click.option(
+            "-k",
+            "--kustomize",
+            "kustomizations",
+            multiple=True,
+            metavar="DIR",
+            help="Kustomization directory, rendered with 'kubectl kustomize' (repeatable).",
+        ),
+        click.option(
+            "--exclude",
+            multiple=True,
+            metavar="GLOB",
+            help="Leave out files under -f directories whose path, name or a directory name matches "
+            "(repeatable), e.g. --exclude 'charts' --exclude '*.test.yaml'.",
+        ),
+        click.option(
+            "-n",
+            "--namespace",
+            metavar="NAMESPACE",
+            help="Namespace of objects that name none, as kubectl's (default: default).",
+        ),
+    )
+
+    def decorate(command):
+        @functools.wraps(command)
+        def with_manifests(*args, files, kustomizations, exclude, namespace, **kwargs):
+            from ..manifests import Manifests
+
+            if not files and not kustomizations:
+                raise click.UsageError("give the manifests: -f FILE|DIR|- or -k DIR (repeatable)")
+            manifests = Manifests(
+                tuple(files), tuple(exclude), tuple(kustomizations), namespace or "default", bool(namespace)
+            )
+            return command(*args, manifests=manifests, **kwargs)
+
+        for option in reversed(options):
+            with_manifests = option(with_manifests)
+        return with_manifests
+
+    return decorate
+
+
+def now_option(command):
+    """``--now TIME`` (RFC 3339): when the cluster is judged (storm breakers compare times)."""
+    return click.option(
+        "--now",
+        callback=_rfc3339,
+        metavar="TIME",
+        help="Judge at this time (RFC 3339, e.g. 2026-01-01T12:00:00Z); default: the newest "
+        "timestamp in the snapshot (the time it was taken), or now for a live cluster.",
+    )(command)
+
+
+def _rfc3339(_context, _param, value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not an RFC 3339 time (2026-01-01T12:00:00Z)") from None
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
+
+
+def junit_option(what: str):
+    """``--junit FILE``: the results as JUnit XML too, for CI systems that show them."""
+    return click.option(
+        "--junit",
+        "junit",
+        type=click.Path(dir_okay=False),
+        help=f"Also write JUnit XML: one test case per {what}.",
+    )
 
 
 def cluster_option(help: str):
@@ -89,14 +169,49 @@ def state_origin(cluster: tuple[str, ...], kubeconfig: str | None, context: str 
     return StateOrigin(tuple(cluster), kubeconfig, context)
 
 
+@dataclass(frozen=True, slots=True)
+class ClusterView:
+    """The state a dry run judges against, and what is known of it."""
+
+    state: ClusterState | None  # None: no cluster state was given
+    facts: SnapshotFacts | None = None  # what snapshot files held (None for a live list)
+    live: bool = False
+
+    @property
+    def warnings(self) -> list[str]:
+        return self.facts.warnings() if self.facts is not None else []
+
+    def judged_at(self, now: float | None) -> float:
+        """``--now``, else when the snapshot was taken, else the wall clock."""
+        if now is not None:
+            return now
+        if self.facts is not None and self.facts.newest is not None:
+            return self.facts.newest
+        return time.time()
+
+
 def dry_run_state(
-    cluster: tuple[str, ...], kubeconfig: str | None, context: str | None, config: Config | None = None
-) -> ClusterState | None:
-    """The snapshot files, or one list of the named live cluster; None when neither is given.
-    With a config, Failed pods feed its storm breakers."""
+    cluster: tuple[str, ...],
+    kubeconfig: str | None,
+    context: str | None,
+    config: Config | None = None,
+    on_object=None,
+) -> ClusterView:
+    """The snapshot files, or one list of the named live cluster; no state when neither is
+    given. With a config, Failed pods feed its storm breakers. Files that hold no cluster (no
+    Node: a manifest, a table) are an input error."""
+    storm = config.storm_breaker if config is not None else None
     with reading_cluster():
         origin = state_origin(cluster, kubeconfig, context)
-        return origin.dry_run_state(config.storm_breaker if config is not None else None)
+        if origin.named_live:
+            return ClusterView(origin.dry_run_state(storm), live=True)
+        if not cluster:
+            return ClusterView(None)
+        snapshot = origin.read_snapshot(storm, on_object)
+    missing = snapshot.facts.missing()
+    if missing:
+        raise InputError(f"cluster snapshot {', '.join(cluster)} {missing}")
+    return ClusterView(snapshot.state, snapshot.facts)
 
 
 @contextmanager

@@ -7,10 +7,12 @@ programs, input errors included.
 
 from __future__ import annotations
 
+import shutil
+import sys
 import textwrap
 import time
 from collections.abc import Iterable
-from dataclasses import asdict
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -26,6 +28,7 @@ if TYPE_CHECKING:
     from ..explain import Explanation
     from ..manifests import ManifestError
     from ..policytest import SuiteRun
+    from .options import ClusterView
 
 
 def dump(payload: Any, output: str) -> str:
@@ -44,23 +47,93 @@ def input_errors(errors: Iterable[object]) -> None:
         click.echo(f"ERROR {error}", err=True)
 
 
+def rfc3339(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _wrapped(text: str, indent: str, stream=None) -> str:
+    """``text`` wrapped to the terminal's width when printed on one; whole on a pipe or in a
+    file, where a program (or grep) reads it."""
+    stream = stream or sys.stdout
+    if not getattr(stream, "isatty", lambda: False)():
+        return indent + text
+    width = max(40, shutil.get_terminal_size().columns)
+    return textwrap.fill(
+        text, width=width, initial_indent=indent, subsequent_indent=indent + "  ", break_on_hyphens=False
+    )
+
+
 # -- check ----------------------------------------------------------------------------------
 
-_VERDICT = {"deny": "DENY ", "patch": "PATCH", "warn": "WARN ", "allow": "ALLOW", "skip": "SKIP "}
+_VERDICT = {
+    "deny": "DENY ",
+    "patch": "PATCH",
+    "warn": "WARN ",
+    "allow": "ALLOW",
+    "exempt": "EXEMPT",
+    "skip": "SKIP ",
+}
 _FAILING = ("deny", "warn", "patch")
 
 
+def cluster_json(view: ClusterView, now: float) -> dict[str, Any] | None:
+    """What the run judged against, for programs: null without cluster state."""
+    if view.state is None:
+        return None
+    return {
+        "source": "live" if view.live else "snapshot",
+        "nodes": len(view.state.nodes),
+        "pods": view.facts.pods if view.facts is not None else len(view.state.pods),
+        "judgedAt": rfc3339(now),
+        "warnings": view.warnings,
+    }
+
+
+def cluster_text(view: ClusterView, now: float, *, told: bool) -> None:
+    """On stderr: what the run judged against and when, and what the snapshot lacks."""
+    if view.state is None:
+        return
+    source = "the live cluster" if view.live else "the snapshot"
+    pods = view.facts.pods if view.facts is not None else len(view.state.pods)
+    if told:
+        when = "--now"
+    elif view.live:
+        when = "now"
+    elif view.facts is not None and view.facts.newest is None:
+        when = "now: the snapshot holds no timestamps; --now to change"
+    else:
+        when = "the snapshot's newest timestamp; --now to change"
+    click.echo(
+        f"judged at {rfc3339(now)} ({when}) against {source}: {len(view.state.nodes)} nodes, {pods} pods",
+        err=True,
+    )
+    for warning in view.warnings:
+        click.echo(_wrapped(f"WARNING {warning}", "", sys.stderr), err=True)
+
+
 def check_report(
-    results: list[Result], errors: list[ManifestError], summary: Summary, output: str, fail_only: bool
+    results: list[Result],
+    errors: list[ManifestError],
+    summary: Summary,
+    output: str,
+    fail_only: bool,
+    *,
+    verbose: bool = False,
+    cluster: dict[str, Any] | None = None,
 ) -> None:
-    """``fail_only``: only what a CI log needs, the denials, warnings and patches."""
-    shown = [r for r in results if not fail_only or r.verdict in _FAILING]
+    """``fail_only``: only what a CI log needs, the denials, warnings and patches. Text leaves
+    skipped objects to the summary line unless ``verbose``."""
     if output == "text":
-        for result in shown:
+        for result in results:
+            if (fail_only and result.verdict not in _FAILING) or (result.skipped and not verbose):
+                continue
             _check_text(result)
         input_errors(errors)
-        click.echo(str(summary), err=True)
+        hidden = summary.skipped_kinds if summary.skipped and not verbose and not fail_only else ()
+        kinds = ", ".join(f"{kind} {n}" for kind, n in hidden)
+        click.echo(str(summary) + (f" (skipped: {kinds}; -v lists them)" if kinds else ""), err=True)
         return
+    shown = [r for r in results if not fail_only or r.verdict in _FAILING]
     payload = {
         "results": [r.as_json() for r in shown],
         "errors": [
@@ -72,31 +145,76 @@ def check_report(
             }
             for e in errors
         ],
-        "summary": asdict(summary),
+        "summary": summary.as_json(),
+        "cluster": cluster,
     }
     click.echo(dump(payload, output), nl=output == "json")
 
 
 def _check_text(result: Result) -> None:
     decision = result.decision
-    name = f"{result.namespace}/{result.name}" if result.namespace else result.name
-    click.echo(f"{_VERDICT[result.verdict]} {result.kind} {name}  ({result.location})")
+    click.echo(f"{_VERDICT[result.verdict]} {_subject(result)}  ({result.location})")
     for v in decision.violations:
-        click.echo(f"  {v.reason}: {v.message}")
+        click.echo(_wrapped(f"{v.reason}: {v.message}", "  "))
     for warning in decision.notices:
-        click.echo(f"  warning: {warning}")
+        click.echo(_wrapped(f"warning: {warning}", "  "))
     for v in decision.audited:
-        click.echo(f"  audit: {v.reason}: {v.message}")
+        click.echo(_wrapped(f"audit: {v.reason}: {v.message}", "  "))
+    if result.exempted is not None:
+        click.echo(f"  {result.exempted}")
     if decision.patch:
         click.echo("  patch:")
         click.echo(textwrap.indent(yaml.safe_dump(decision.patch, sort_keys=False).rstrip(), "    "))
 
 
-class Progress:
-    """``checked N objects...`` on a terminal's stderr, for runs over a second; never on a pipe."""
+def _subject(result: Result) -> str:
+    name = f"{result.namespace}/{result.name}" if result.namespace else result.name
+    return f"{result.kind} {name}"
 
-    def __init__(self, stream, *, clock=time.monotonic, after: float = 1.0, every: float = 0.25) -> None:
+
+def check_junit(results: list[Result], errors: list[ManifestError], path: str, warnings_fail: bool) -> None:
+    """One test case per object (a suite per file): denials fail, and warnings with
+    ``--warnings-as-errors``; kinds that create no pods are skipped; input errors are errors."""
+    from ..junit import Case, write
+
+    cases = []
+    for result in results:
+        lines = [f"{v.reason}: {v.message}" for v in result.decision.violations]
+        lines += [f"warning: {w}" for w in result.decision.notices]
+        lines += [str(result.exempted)] if result.exempted else []
+        failed = result.verdict == "deny" or (warnings_fail and result.verdict in ("warn", "patch"))
+        cases.append(
+            Case(
+                suite=result.location.file,
+                name=f"{_subject(result)} ({result.location})",
+                classname=result.kind,
+                failure="\n".join(lines) if failed else None,
+                skipped="creates no pods: nothing to check" if result.skipped else None,
+                output="" if failed else "\n".join(lines),
+            )
+        )
+    for error in errors:
+        cases.append(
+            Case(suite=error.location.file, name=str(error.location), classname="input", error=error.message)
+        )
+    write(cases, path, "admit-guard check")
+
+
+class Progress:
+    """``checked N objects...`` on a terminal's stderr, for runs over a second; never on a pipe.
+    ``line`` says what is counted (``read {:,} snapshot objects...``)."""
+
+    def __init__(
+        self,
+        stream,
+        *,
+        clock=time.monotonic,
+        after: float = 1.0,
+        every: float = 0.25,
+        line: str = "checked {} objects...",
+    ) -> None:
         self._stream = stream
+        self._line = line
         self._clock = clock
         self._start = clock()
         self._after, self._every = after, every
@@ -109,7 +227,7 @@ class Progress:
             return
         now = self._clock()
         if now >= self._next:
-            self._stream.write(f"\rchecked {count} objects...")
+            self._stream.write("\r" + self._line.format(count))
             self._stream.flush()
             self._shown = True
             self._next = now + self._every
@@ -118,6 +236,7 @@ class Progress:
         if self._shown:
             self._stream.write("\r\033[K")  # clear the line before the results
             self._stream.flush()
+            self._shown = False
 
 
 # -- explain --------------------------------------------------------------------------------
@@ -144,20 +263,60 @@ def explanations(
 # -- audit ----------------------------------------------------------------------------------
 
 
-def audit_report(report: Report, output: str, now: float) -> None:
-    """``policyreport``: the findings as PolicyReports, at the time the audit judged them."""
+def audit_report(report: Report, output: str, now: float, warnings: list[str] = ()) -> None:
+    """``policyreport``: the findings as PolicyReports, at the time the audit judged them.
+    ``warnings``: what the input lacks (on stderr, and in the JSON summary)."""
     from ..audit import policy_reports
 
+    body = report.as_json()
+    body["summary"]["warnings"] = list(warnings)
     if output == "json":
-        click.echo(orjson.dumps(report.as_json(), option=orjson.OPT_INDENT_2).decode())
+        click.echo(orjson.dumps(body, option=orjson.OPT_INDENT_2).decode())
     elif output == "yaml":
-        click.echo(yaml.safe_dump(report.as_json(), sort_keys=False), nl=False)
+        click.echo(yaml.safe_dump(body, sort_keys=False), nl=False)
     elif output == "policyreport":
         kubernetes_objects(policy_reports(report, now))
     else:
         click.echo(audit_tables(report), nl=False)
-        counts = ", ".join(f"{n} {t}" for t, n in report.summary["byType"].items() if n)
-        click.echo(f"{len(report.findings)} findings{': ' + counts if counts else ''}", err=True)
+    if output != "text":
+        return
+    scanned = report.scanned
+    click.echo(
+        f"scanned {scanned['nodes']} nodes, {scanned['pods']} pods ({scanned['rejectedPods']} rejected by "
+        f"the kubelet), {scanned['workloads']} workloads; judged at {rfc3339(now)}",
+        err=True,
+    )
+    for finding_type, why in report.not_judged.items():
+        click.echo(_wrapped(f"not judged: {finding_type}: {why}", "", sys.stderr), err=True)
+    for warning in warnings:
+        click.echo(_wrapped(f"WARNING {warning}", "", sys.stderr), err=True)
+    counts = ", ".join(f"{n} {t}" for t, n in report.summary["byType"].items() if n)
+    click.echo(f"{len(report.findings)} findings{': ' + counts if counts else ''}", err=True)
+
+
+def audit_junit(report: Report, path: str) -> None:
+    """One failing test case per finding (a suite per finding type), one passing case per
+    type found clean, one skipped case per type the input could not show."""
+    from ..audit import TYPES
+    from ..junit import Case, write
+
+    cases = [
+        Case(
+            suite=f.type,
+            name=f"{f.kind} {f.namespace + '/' if f.namespace else ''}{f.name or '-'}"
+            + (f" {f.resource}" if f.resource else ""),
+            classname=f.severity,
+            failure=f.message,
+        )
+        for f in report.findings
+    ]
+    found = {f.type for f in report.findings}
+    for finding_type in TYPES:
+        if finding_type in found:
+            continue
+        why = report.not_judged.get(finding_type)
+        cases.append(Case(suite=finding_type, name=f"no {finding_type} findings", skipped=why))
+    write(cases, path, "admit-guard audit")
 
 
 _COLUMNS = ("SEVERITY", "NAMESPACE", "KIND", "NAME", "NODE", "RESOURCE", "COUNT")

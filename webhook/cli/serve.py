@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import socket
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -126,6 +128,7 @@ def serve(
             )
     config = load_config(config_path)
     client_auth = _client_auth(config, client_ca, client_cns)
+    listenable(bind)
     origin = state_origin(cluster, kubeconfig, context)
     with reading_cluster():
         if origin.live:
@@ -183,3 +186,28 @@ def _client_auth(config: Config, client_ca: Path | None, client_cns: tuple[str, 
     except (OSError, ssl.SSLError) as err:
         raise InputError(f"{ca}: cannot load the client CA: {err}") from None
     return ClientAuth(ca, names)
+
+
+def listenable(bind: str) -> None:
+    """Fail in one line when ``--bind`` cannot be listened on (gunicorn would retry for five
+    seconds, log each try, and exit with a traceback-like message)."""
+    host, _, port = bind.rpartition(":")
+    host = host.strip("[]") or "0.0.0.0"
+    if not port.isdigit():
+        raise InputError(f"--bind {bind}: expected HOST:PORT, e.g. 0.0.0.0:8443")
+    try:
+        infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, OverflowError) as err:
+        raise InputError(f"--bind {bind}: cannot resolve {host}: {err}") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gunicorn binds
+        try:
+            probe.bind(address)
+        except OSError as err:
+            if err.errno == errno.EADDRINUSE:
+                raise InputError(
+                    f"--bind {bind}: address already in use (another server listens there); stop it "
+                    "or choose another --bind"
+                ) from None
+            raise InputError(f"--bind {bind}: cannot listen there: {err.strerror or err}") from None

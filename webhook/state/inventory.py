@@ -21,7 +21,7 @@ from ..kube.rejection import Owner, admission_rejection, controller_owner
 from ..kube.workloads import BUILT_IN, PodShape, TemplateShape, WorkloadTable, pod_shape
 from ..manifests import Document, ManifestError
 from .model import ClusterState, node_from, object_key, pod_record
-from .snapshot import SnapshotError, read_snapshot
+from .snapshot import SnapshotError, SnapshotFacts, read_snapshot
 
 # The workload kinds the audit reads, as (list resource, kind, apiVersion): a live list's items
 # carry neither kind nor apiVersion, so the reader stamps them from here.
@@ -86,6 +86,7 @@ class Inventory:
     # pods a scheduler placed from pods whose controller pinned nodeName.
     device_pod_owners: dict[str, Owner] = field(default_factory=dict)
     pods_read: int = 0  # every pod, terminal ones included
+    facts: SnapshotFacts = field(default_factory=SnapshotFacts)  # what was read, for the report
     _by_uid: dict[str, Workload] = field(default_factory=dict)
     _by_name: dict[tuple[str, str, str], Workload] = field(default_factory=dict)
 
@@ -117,6 +118,7 @@ class InventoryBuilder:
         self.workloads = workloads
 
     def add(self, obj: Mapping[str, Any]) -> None:
+        self.inventory.facts.observe(obj)
         kind = obj.get("kind")
         if kind == "Node":
             self.inventory.state.set_node(node_from(obj))
@@ -197,15 +199,26 @@ def _replicas(obj: Mapping[str, Any]) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 1
 
 
-def read_inventory(paths: Iterable[str], workloads: WorkloadTable = BUILT_IN) -> Inventory:
-    """An ``Inventory`` from snapshot files; raises ``SnapshotError`` listing every problem."""
-    return read_snapshot(paths, lambda documents: _read_inventory(documents, workloads))
+def read_inventory(
+    paths: Iterable[str], workloads: WorkloadTable = BUILT_IN, progress: Progress | None = None
+) -> Inventory:
+    """An ``Inventory`` from snapshot files; raises ``SnapshotError`` listing every problem.
+    ``progress`` hears how many objects were read (a line on a terminal)."""
+    try:
+        return read_snapshot(paths, lambda documents: _read_inventory(documents, workloads, progress))
+    finally:
+        if progress is not None:
+            progress.done()
 
 
-def _read_inventory(documents: Iterable[Document | ManifestError], workloads: WorkloadTable) -> Inventory:
+def _read_inventory(
+    documents: Iterable[Document | ManifestError], workloads: WorkloadTable, progress: Progress | None
+) -> Inventory:
     builder = InventoryBuilder(workloads)
     problems: list[str] = []
-    for doc in documents:
+    for count, doc in enumerate(documents):
+        if progress is not None and count % 1024 == 0:
+            progress.update("the snapshot", count)
         if isinstance(doc, ManifestError):
             problems.append(str(doc))
             continue

@@ -13,10 +13,11 @@ snapshot check more start-up time than the check itself takes.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .snapshot import SnapshotError, load_snapshot
+from .snapshot import Snapshot, SnapshotError, load_snapshot, read_cluster_snapshot
 
 if TYPE_CHECKING:
     from ..config import StormBreakerConfig
@@ -52,10 +53,23 @@ class StateOrigin:
 
         from .apiserver import ApiServer
 
+        if self.kubeconfig and not os.path.isfile(self.kubeconfig):
+            raise StateError(f"--kubeconfig {self.kubeconfig}: no such file")
         try:
             return ApiServer.connect(self.kubeconfig, self.context)
         except (ConfigException, OSError, ValueError) as err:
-            raise StateError(f"cannot use the cluster credentials: {err}") from None
+            raise StateError(f"cannot use the cluster credentials of {self.credentials}: {err}") from None
+
+    @property
+    def credentials(self) -> str:
+        """Where the credentials come from, as an error should name it."""
+        if self.kubeconfig:
+            where = self.kubeconfig
+        elif not self.named_live and "KUBERNETES_SERVICE_HOST" in os.environ:
+            where = "the pod's service account"
+        else:
+            where = os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
+        return f"{where} (context {self.context})" if self.context else where
 
     def snapshot(self, storm: StormBreakerConfig | None = None) -> ClusterState | None:
         """The snapshot files' nodes and pods; None when none were named. With ``storm``,
@@ -64,6 +78,15 @@ class StateOrigin:
             return None
         try:
             return load_snapshot(self.snapshots, storm)
+        except SnapshotError as err:
+            raise StateError("cluster snapshot:\n  " + "\n  ".join(err.problems)) from None
+
+    def read_snapshot(
+        self, storm: StormBreakerConfig | None = None, on_object: Callable[[int], None] | None = None
+    ) -> Snapshot:
+        """The snapshot files' state and what they held (``on_object``: objects read so far)."""
+        try:
+            return read_cluster_snapshot(self.snapshots, storm, on_object)
         except SnapshotError as err:
             raise StateError("cluster snapshot:\n  " + "\n  ".join(err.problems)) from None
 
@@ -95,7 +118,7 @@ class StateOrigin:
         try:
             if self.live:
                 return live_inventory(self.connect(), progress=progress, workloads=table)
-            return read_inventory(self.snapshots, table)
+            return read_inventory(self.snapshots, table, progress)
         except SnapshotError as err:
             raise StateError("cluster objects:\n  " + "\n  ".join(err.problems)) from None
         except ApiError as err:
