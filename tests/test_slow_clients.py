@@ -93,6 +93,11 @@ def test_a_chunk_size_is_plain_hex(size):
     assert RequestFraming(max_body=1 << 20).progress(data) == MALFORMED
 
 
+def test_a_chunks_data_must_end_with_crlf_before_the_next_size():
+    data = bytearray(_head("Transfer-Encoding: chunked\r\n") + b"2\r\n{}XY0\r\n\r\n")
+    assert RequestFraming(max_body=1 << 20).progress(data) == MALFORMED
+
+
 def test_negative_chunk_sizes_cannot_hide_a_body_over_the_limit():
     data = bytearray(_head("Transfer-Encoding: chunked\r\n") + b"-2\r\n" * 2000)
     data += b"%x\r\n%s\r\n0\r\n\r\n" % (4000, b"x" * 4000)

@@ -88,23 +88,16 @@ def worker_app(
         if origin.live:
             storm = StormBreakers.from_config(config.storm_breaker)
             source = Informer(origin.connect(), Timing(max_age=max_state_age), storm).start()
-            return create_app(
-                config,
-                source,
-                source_name="informer",
-                max_body_bytes=max_body_bytes,
-                audit_interval=audit_interval,
-                bind_guard=BindGuard(config, local, LeaseStore(api, namespace)),
-                storm_probes=probes,
-                allocation_guard=allocations,
-                require_client_cert=require_client_cert,
-            )
+            source_name, leases = "informer", LeaseStore(api, namespace)
+        else:
+            source, source_name, leases = FixedState(state), "snapshot", None
         return create_app(
             config,
-            FixedState(state),
+            source,
+            source_name=source_name,
             max_body_bytes=max_body_bytes,
             audit_interval=audit_interval,
-            bind_guard=BindGuard(config, local),
+            bind_guard=BindGuard(config, local, leases),
             storm_probes=probes,
             allocation_guard=allocations,
             require_client_cert=require_client_cert,

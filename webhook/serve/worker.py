@@ -8,8 +8,9 @@ the worker's event loop, on non-blocking sockets, under one deadline per request
 (``--request-timeout``). Only a complete request reaches a thread, with its bytes already
 buffered, so a thread never reads from a client. Requests over the body limit are answered 413
 from the loop (chunked ones too, as soon as they pass it); requests that miss the deadline are
-answered 408 and closed; framing the loop cannot trust (a chunk size that is not plain hex, a
-chunk-size line or trailer section over its cap) is answered 400. Pipelined and keep-alive
+answered 408 and closed; framing the loop cannot trust (``framing.py``: a chunk size that is
+not plain hex, chunk data not ended by CRLF, a chunk-size line or trailer section over its cap)
+is answered 400. Pipelined and keep-alive
 requests go through the loop the same way. A thread never waits to write either: what a slow
 reader does not take at once is sent from the loop (``Reply``). Flask and the app are unchanged.
 
