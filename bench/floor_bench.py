@@ -84,7 +84,7 @@ def bare_app():
 
 def serve_floor(port: int, cert_dir: str, bare: bool) -> None:
     """Child process: the floor (or the bare one), with the guard's gunicorn settings."""
-    from webhook.serving import GuardServer, ServeOptions
+    from webhook.serve.gunicorn import GuardServer, ServeOptions
 
     options = ServeOptions(bind=f"127.0.0.1:{port}", cert_dir=Path(cert_dir), workers=2, threads=4)
     GuardServer(bare_app if bare else floor_app, options).run()
@@ -234,7 +234,7 @@ def main() -> None:
           f"= {rates['guard'] / rates['floor']:.2f}x (target >= 0.80x)")  # fmt: skip
     print(f"median p99 at 500 req/s: floor {p99s['floor']:.2f}, guard {p99s['guard']:.2f} ms "
           f"= {p99s['guard'] / p99s['floor']:.2f}x (target <= 1.5x); errors {errors}")  # fmt: skip
-    # The guard answers /validate and /mutate without Flask (webhook/endpoints.py); the floor is
+    # The guard answers /validate and /mutate without Flask (webhook/serve/wsgi.py); the floor is
     # the issue's minimal Flask app. Against the stack without Flask, for the record:
     print(f"for information: bare WSGI floor {rates['bare']:.0f} req/s, p99 {p99s['bare']:.2f} ms, "
           f"errors {sum(r[2] for r in results['bare'])}; "

@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from tests.live_server import LiveServer, _wait_ready, free_port  # noqa: E402
 from webhook.certs import issue  # noqa: E402
-from webhook.serving import default_buffered_bytes  # noqa: E402
+from webhook.serve.limits import default_buffered_bytes  # noqa: E402
 
 EXAMPLES = ROOT / "examples"
 CONNECTIONS, MAX_BODY, LIMIT, WORKERS = 400, 3 * 1024 * 1024, 1 << 30, 2

@@ -4,7 +4,7 @@ For each worker class, in one run: a server (1 worker x 4 threads, TLS, the exam
 loopback; 64 connections that trickle a request a byte every 0.5 s (half of them the TLS
 ClientHello itself, half HTTP headers after a handshake) for 20 s; meanwhile one keep-alive
 client sends a review at 40 req/s (open loop, latency from the scheduled time, 2 s client
-timeout). ``gthread`` is gunicorn's stock worker (before); ``webhook.worker.GuardWorker`` reads
+timeout). ``gthread`` is gunicorn's stock worker (before); ``webhook.serve.worker.GuardWorker`` reads
 the handshake and the request in its event loop (after).
 Target: 40 req/s answered, zero errors, p99 < 1 s while the 64 connections are held.
 """
@@ -37,8 +37,8 @@ SLOW, SECONDS, RATE = 64, 20.0, 40
 def serve(worker_class: str, port: int, cert_dir: str) -> None:
     """Child process: the guard's server with ``worker_class`` swapped in."""
     from webhook.config import Config
-    from webhook.server import create_app
-    from webhook.serving import GuardServer, ServeOptions
+    from webhook.serve.app import create_app
+    from webhook.serve.gunicorn import GuardServer, ServeOptions
     from webhook.state.snapshot import load_snapshot
     from webhook.state.source import FixedState
 
@@ -148,7 +148,7 @@ def main() -> None:
     print(f"{SLOW} trickling connections for {SECONDS:.0f} s; a keep-alive client at {RATE} req/s "
           "(target: zero errors, p99 < 1 s)")  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
-        for worker_class in ("gthread", "webhook.worker.GuardWorker"):
+        for worker_class in ("gthread", "webhook.serve.worker.GuardWorker"):
             print(run(worker_class, Path(tmp)), flush=True)
 
 

@@ -4,6 +4,8 @@
 the policies: pure code that the CLI, the server and the policy tests share. None of it may
 import the HTTP stack, gunicorn, the kubernetes client, or a module above it; imports used
 only by type checkers (under ``if TYPE_CHECKING:``) are not edges at run time and are skipped.
+``serve/`` (the request's path) is a way in: only the CLI imports it. The leaves import no
+project module but another leaf.
 """
 
 from __future__ import annotations
@@ -21,6 +23,17 @@ ALLOWED = {
     "checks": ("webhook.kube", "webhook.state"),
     "policies": ("webhook.checks", "webhook.kube", "webhook.state", "webhook.globs"),
 }
+LEAVES = (
+    "chunked",
+    "deep_json",
+    "globs",
+    "json_items",
+    "junit",
+    "kustomize",
+    "manifests",
+    "reader",
+    "yaml_items",
+)
 
 
 def imports(path: Path) -> list[tuple[int, str]]:
@@ -73,5 +86,27 @@ def test_pure_packages_import_neither_the_http_stack_nor_the_modules_above_them(
             module.split(".")[0] == "webhook"
             and not any(module == a or module.startswith(f"{a}.") for a in allowed)
         )
+    ]
+    assert offenders == []
+
+
+def test_only_the_cli_imports_the_serving_package():
+    offenders = [
+        f"{path.relative_to(PACKAGE.parent)}:{line}: {module}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path.relative_to(PACKAGE).parts[0] not in ("serve", "cli")
+        for line, module in imports(path)
+        if module == "webhook.serve" or module.startswith("webhook.serve.")
+    ]
+    assert offenders == []
+
+
+@pytest.mark.parametrize("name", LEAVES)
+def test_leaves_import_no_project_module_but_a_leaf(name):
+    leaves = {f"webhook.{leaf}" for leaf in LEAVES}
+    offenders = [
+        f"{name}.py:{line}: {module}"
+        for line, module in imports(PACKAGE / f"{name}.py")
+        if module.split(".")[0] in (*FOREIGN, "webhook") and module not in leaves
     ]
     assert offenders == []

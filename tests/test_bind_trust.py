@@ -17,7 +17,7 @@ from tests.builders import node, pod
 from tests.test_binding import binding, gpu_pod, pod_create, review_of, state_with
 from webhook.binding import BindGuard
 from webhook.config import config_from_dict
-from webhook.server import create_app
+from webhook.serve.app import create_app
 from webhook.state.reservations import (
     MAX_FILE_NAME,
     MAX_OBJECT_NAME,

@@ -20,7 +20,7 @@ from tests.live_server import live_server, post_json
 from webhook.admission import VALIDATE, parse_review, review
 from webhook.binding import BindGuard
 from webhook.config import config_from_dict
-from webhook.server import create_app
+from webhook.serve.app import create_app
 from webhook.state import ClusterState, node_from, pod_record
 from webhook.state.apiserver import ApiServer
 from webhook.state.reservations import LeaseStore, LocalTable, Reservation

@@ -43,4 +43,4 @@ def test_check_loads_neither_the_server_nor_the_other_commands_faces():
     loaded = modules_after("check", "-f", str(EXAMPLES / "workloads"), "--cluster", str(EXAMPLES / "cluster"))
     assert "webhook.engine" in loaded
     assert not loaded & set(SERVER_AND_CLIENT)
-    assert not loaded & {"webhook.policytest", "webhook.audit", "webhook.server", "webhook.serving"}
+    assert not loaded & {"webhook.policytest", "webhook.audit", "webhook.serve.app", "webhook.serve.gunicorn"}

@@ -22,8 +22,8 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from tests.live_server import live_server
 from webhook.config import ClientAuth, ConfigError, config_from_dict
-from webhook.endpoints import CLIENT_VERIFIED
-from webhook.server import create_app
+from webhook.serve.app import create_app
+from webhook.serve.wsgi import CLIENT_VERIFIED
 from webhook.state.snapshot import load_snapshot
 from webhook.state.source import FixedState
 

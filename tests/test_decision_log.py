@@ -4,7 +4,12 @@ import io
 import logging
 import threading
 
-from webhook.decision_log import BackgroundLines, flush_decision_lines, line_writer, log_lines_in_background
+from webhook.serve.decision_log import (
+    BackgroundLines,
+    flush_decision_lines,
+    line_writer,
+    log_lines_in_background,
+)
 
 
 def _logger(name: str, stream) -> logging.Logger:
@@ -85,11 +90,11 @@ def test_installing_twice_keeps_one_handler():
 def test_a_worker_exit_writes_the_lines_its_writer_has_not_written_yet(monkeypatch):
     """The writer lingers before writing: what is queued when gunicorn's worker_exit hook runs
     is written by the hook, not lost with the process."""
-    from webhook import decision_log, server, serving
+    from webhook.serve import app, decision_log, gunicorn
 
     monkeypatch.setattr(decision_log, "LINGER", 30.0)
     stream = io.StringIO()
-    logger = logging.getLogger(server.DECISION_LOG)
+    logger = logging.getLogger(app.DECISION_LOG)
     saved = logger.handlers[:]
     logger.handlers.clear()
     try:
@@ -97,7 +102,7 @@ def test_a_worker_exit_writes_the_lines_its_writer_has_not_written_yet(monkeypat
         for n in range(50):
             logger.info('{"n": %d}', n)
         assert stream.getvalue() == ""  # still lingering
-        serving._worker_exit(object())
+        gunicorn._worker_exit(object())
         assert len(stream.getvalue().splitlines()) == 50
     finally:
         logger.handlers[:] = saved

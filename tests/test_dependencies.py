@@ -17,7 +17,7 @@ from gunicorn.config import Config
 from gunicorn.workers.gthread import TConn, ThreadWorker
 from packaging.requirements import Requirement
 
-from webhook.worker import GuardWorker
+from webhook.serve.worker import GuardWorker
 
 ROOT = Path(__file__).resolve().parent.parent
 

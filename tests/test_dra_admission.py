@@ -9,7 +9,7 @@ from tests.builders import node, pod
 from tests.dra_builders import claim, gpus, resource_slice, result
 from webhook.allocation import IN_FLIGHT, AllocationGuard
 from webhook.config import config_from_dict
-from webhook.server import create_app
+from webhook.serve.app import create_app
 from webhook.state import ClusterState, node_from
 from webhook.state.devices import index_of
 from webhook.state.reservations import LocalTable
@@ -268,8 +268,8 @@ def test_the_audit_of_devices_follows_the_policy_mode():
 
 
 def test_the_periodic_audit_counts_devices_handed_out_twice():
-    from webhook.metrics import Metrics
-    from webhook.periodic_audit import PeriodicAudit
+    from webhook.serve.metrics import Metrics
+    from webhook.serve.periodic_audit import PeriodicAudit
 
     first = claim("a", namespace="ml", results=[result("gpu-0")])
     second = claim("b", namespace="ml", results=[result("gpu-0")])

@@ -127,7 +127,7 @@ def test_the_api_server_down_answers_an_allocation_within_three_seconds_allowed_
     from tests.test_dra_admission import one_gpu_left
     from webhook.allocation import IN_FLIGHT, AllocationGuard, allocation_stores
     from webhook.config import config_from_dict
-    from webhook.server import create_app
+    from webhook.serve.app import create_app
     from webhook.state.source import FixedState
 
     server = FakeApiServer(Cluster())

@@ -24,7 +24,7 @@ from types import SimpleNamespace
 import pytest
 
 from tests.live_server import live_server, post_json
-from webhook.worker import GuardWorker
+from webhook.serve.worker import GuardWorker
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 REVIEW = (EXAMPLES / "admission" / "good-deployment.json").read_bytes()
@@ -219,7 +219,7 @@ def test_buffered_bodies_never_exceed_the_cap_and_those_past_it_get_503_with_ret
     ids=["cgroup-v2", "cgroup-v2-namespaced", "cgroup-v1"],
 )
 def test_the_default_buffer_budget_is_a_share_of_the_containers_memory_limit(tmp_path, cgroup, files):
-    from webhook.serving import container_memory_limit, default_buffered_bytes
+    from webhook.serve.limits import container_memory_limit, default_buffered_bytes
 
     (tmp_path / "cgroup").write_text(cgroup)
     for name, text in files.items():
@@ -231,7 +231,7 @@ def test_the_default_buffer_budget_is_a_share_of_the_containers_memory_limit(tmp
 
 
 def test_without_a_memory_limit_the_buffer_budget_is_fixed_and_fits_one_largest_request(tmp_path):
-    from webhook.serving import DEFAULT_BUFFERED_BYTES, container_memory_limit, default_buffered_bytes
+    from webhook.serve.limits import DEFAULT_BUFFERED_BYTES, container_memory_limit, default_buffered_bytes
 
     (tmp_path / "cgroup").write_text("4:memory:/\n")
     (tmp_path / "memory").mkdir()

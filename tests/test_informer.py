@@ -377,3 +377,9 @@ def test_a_chunked_stream_is_decoded_whatever_the_read_sizes(size):
 def test_a_cut_or_malformed_chunked_stream_is_an_error(body):
     with pytest.raises(ApiError):
         list(_dechunked(Reads(body)))
+
+
+@pytest.mark.parametrize("size", [b"+5", b"0x5", b" 5", b"5 ", b"0_5", b"5\n"])
+def test_a_watch_streams_chunk_sizes_are_read_by_the_servers_strict_grammar(size):
+    with pytest.raises(ApiError, match="chunk-size line"):
+        list(_dechunked(Reads(size + b"\r\nabcde\r\n0\r\n\r\n")))

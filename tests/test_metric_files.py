@@ -1,7 +1,7 @@
 """A full metrics filesystem stops the metrics, not the worker.
 
 prometheus_client maps its multi-process files sparse; on a full filesystem the first store into
-a page without a block killed the worker with SIGBUS (``webhook/metric_files.py``). Measured on
+a page without a block killed the worker with SIGBUS (``webhook/serve/metric_files.py``). Measured on
 a real full filesystem: a 1 MiB tmpfs, which needs root to mount.
 """
 
@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # A worker's metrics: a few of each kind, then enough label sets that the counter file must
 # grow past its first 64 KiB; then a scrape, as a worker answers /metrics.
 WORKER = """
-from webhook.metrics import Metrics
+from webhook.serve.metrics import Metrics
 metrics = Metrics()
 for i in range(600):
     metrics.count_request("validate", "Pod", "CREATE", f"verdict-{i}", 0.001)

@@ -1,7 +1,7 @@
 """The request path updates the state gauges at most once a second; a scrape always does."""
 
-from webhook import metrics as metrics_module
-from webhook.metrics import Metrics
+from webhook.serve import metrics as metrics_module
+from webhook.serve.metrics import Metrics
 from webhook.state.source import Readiness
 
 

@@ -15,8 +15,8 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from webhook.cert_metrics import EXPIRY_METRIC
-from webhook.metrics import Metrics
+from webhook.serve.metrics import Metrics
+from webhook.serve.tls import EXPIRY_METRIC
 from webhook.state.source import Readiness
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -160,7 +160,7 @@ os.environ["PROMETHEUS_MULTIPROC_DIR"] = {str(tmp_path)!r}
 from pathlib import Path
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
-from webhook.cert_metrics import certificate_expiry, record_certificate_expiry
+from webhook.serve.tls import certificate_expiry, record_certificate_expiry
 cert = Path({str(tmp_path / "certs" / "tls.crt")!r})
 record_certificate_expiry(cert)
 registry = CollectorRegistry()

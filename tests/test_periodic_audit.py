@@ -11,9 +11,9 @@ from pathlib import Path
 from tests.builders import node, pod
 from tests.live_server import metric_sum
 from webhook.config import Config, config_from_dict
-from webhook.metrics import Metrics
-from webhook.periodic_audit import PeriodicAudit
-from webhook.server import create_app
+from webhook.serve.app import create_app
+from webhook.serve.metrics import Metrics
+from webhook.serve.periodic_audit import PeriodicAudit
 from webhook.state.model import ClusterState, node_from, object_key, pod_record
 from webhook.state.source import FixedState, Readiness, StateView
 
@@ -64,7 +64,7 @@ def test_the_periodic_audit_counts_storms_in_progress_by_namespace_and_zeroes_en
 
 
 def test_the_periodic_audit_reads_the_state_one_chunk_of_nodes_at_a_time(monkeypatch):
-    monkeypatch.setattr("webhook.periodic_audit.NODES_PER_CHUNK", 2)
+    monkeypatch.setattr("webhook.serve.periodic_audit.NODES_PER_CHUNK", 2)
     state = ClusterState()
     for i in range(5):
         state.set_node(node_from(node(f"n{i}")))

@@ -17,7 +17,7 @@ PUBLIC = ("evaluate", "load_config", "load_snapshot", "create_app", "Decision", 
 def test_the_package_names_its_public_api():
     from webhook.config import Config, load_config
     from webhook.engine import Decision, evaluate
-    from webhook.server import create_app
+    from webhook.serve.app import create_app
     from webhook.state import ClusterState
     from webhook.state.snapshot import load_snapshot
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from tests.live_server import metric_sum
 from webhook.config import config_from_dict
-from webhook.server import DECISION_LOG, create_app
+from webhook.serve.app import DECISION_LOG, create_app
 from webhook.state.snapshot import load_snapshot
 from webhook.state.source import FixedState
 
@@ -279,12 +279,12 @@ def _call(app, path: str, body: bytes, *, method="POST", length: int | None = -1
 
 
 def test_a_failure_outside_the_decision_is_still_a_json_500(monkeypatch, caplog):
-    from webhook import server
+    from webhook.serve import app as serve_app
 
     def broken(*args):
         raise RuntimeError("metrics file gone")
 
-    monkeypatch.setattr(server, "_record", broken)
+    monkeypatch.setattr(serve_app, "_record", broken)
     reply = make_client().post("/validate", json=example("good-deployment"))
     assert reply.status_code == 500 and reply.get_json() == {
         "error": "internal error (RuntimeError)",

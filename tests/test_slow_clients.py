@@ -1,7 +1,7 @@
 """Slow or broken clients cannot hold the threads that serve decisions.
 
 The worker's event loop does the TLS handshake and reads each request whole before a pool
-thread sees it (webhook/worker.py); these tests hold many trickling connections against a real
+thread sees it (webhook/serve/worker.py); these tests hold many trickling connections against a real
 server with few threads and require a normal client to be served meanwhile.
 """
 
@@ -22,7 +22,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.live_server import live_server, post_json
-from webhook.worker import COMPLETE, INCOMPLETE, MALFORMED, TOO_LARGE, RequestFraming
+from webhook.serve.framing import COMPLETE, INCOMPLETE, MALFORMED, TOO_LARGE, RequestFraming
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 REVIEW = (EXAMPLES / "admission" / "good-deployment.json").read_bytes()
@@ -90,6 +90,11 @@ def test_a_chunk_size_is_plain_hex(size):
     value = int(size or b"0", 16)  # what int() makes of it: the chunk is sent to match
     chunk = b"x" * value + b"\r\n" if 0 < value < 100 else b""
     data = bytearray(_head("Transfer-Encoding: chunked\r\n") + size + b"\r\n" + chunk + b"0\r\n\r\n")
+    assert RequestFraming(max_body=1 << 20).progress(data) == MALFORMED
+
+
+def test_a_chunks_data_must_end_with_crlf_before_the_next_size():
+    data = bytearray(_head("Transfer-Encoding: chunked\r\n") + b"2\r\n{}XY0\r\n\r\n")
     assert RequestFraming(max_body=1 << 20).progress(data) == MALFORMED
 
 
@@ -169,7 +174,7 @@ class _Firehose:
 
 
 def test_a_client_that_always_has_more_gets_a_turn_not_the_loop():
-    from webhook.worker import GuardWorker
+    from webhook.serve.worker import GuardWorker
 
     class Conn:
         def __init__(self, sock):
@@ -436,7 +441,7 @@ class _SmallSocket:
 
 
 def test_headers_and_body_leave_in_one_write():
-    from webhook.worker import Reply
+    from webhook.serve.reply import Reply
 
     sock = _SmallSocket()
     out = Reply(sock)
@@ -449,7 +454,7 @@ def test_headers_and_body_leave_in_one_write():
 
 
 def test_what_a_slow_reader_does_not_take_is_left_for_the_loop_not_waited_for():
-    from webhook.worker import Reply
+    from webhook.serve.reply import Reply
 
     sock = _SmallSocket(room=10)
     out = Reply(sock)

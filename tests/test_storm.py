@@ -16,7 +16,7 @@ from tests.test_informer import eventually
 from webhook.config import config_from_dict
 from webhook.engine import evaluate
 from webhook.kube.rejection import Owner
-from webhook.server import create_app
+from webhook.serve.app import create_app
 from webhook.state.apiserver import ApiServer
 from webhook.state.informer import Informer, Timing
 from webhook.state.snapshot import load_snapshot
@@ -344,7 +344,7 @@ def test_open_breakers_trips_and_probes_are_exported(live):
 def test_serve_writes_breaker_transitions_to_stderr_at_its_log_level(capsys):
     import logging
 
-    from webhook.server import log_events_to_stderr
+    from webhook.serve.app import log_events_to_stderr
 
     handler = log_events_to_stderr("info")
     try:

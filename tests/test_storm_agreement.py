@@ -10,7 +10,7 @@ import pytest
 
 from tests.test_storm import owned, rejected
 from webhook.config import config_from_dict
-from webhook.server import create_app
+from webhook.serve.app import create_app
 from webhook.state import ClusterState
 from webhook.state.source import FixedState
 from webhook.state.storm import CLOSED, HALF_OPEN, StormBreakers

@@ -16,6 +16,7 @@ Names are imported on first use: ``import webhook`` stays cheap for the CLI, and
 
 from __future__ import annotations
 
+import sys
 from importlib import import_module
 
 KUBERNETES_VERSION = "v1.35"
@@ -29,7 +30,7 @@ _PUBLIC = {
     "Config": "config",
     "load_snapshot": "state.snapshot",
     "ClusterState": "state.model",
-    "create_app": "server",
+    "create_app": "serve",
 }
 __all__ = [
     "KUBERNETES_VERSION",
@@ -45,19 +46,27 @@ __all__ = [
 if TYPE_CHECKING:
     from .config import Config, load_config
     from .engine import Decision, evaluate
-    from .server import create_app
+    from .serve import create_app
     from .state.model import ClusterState
     from .state.snapshot import load_snapshot
 
 
-def __getattr__(name: str) -> object:
-    module = _PUBLIC.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(f".{module}", __name__), name)
-    globals()[name] = value  # later look-ups skip this function
-    return value
+def lazy_names(package: str, public: dict[str, str]):
+    """``__getattr__`` and ``__dir__`` for ``package``, whose ``public`` names (name -> the
+    submodule that defines it) are imported on first use and then kept."""
+
+    def __getattr__(name: str) -> object:
+        module = public.get(name)
+        if module is None:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(import_module(f".{module}", package), name)
+        vars(sys.modules[package])[name] = value  # later look-ups skip this function
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted({*vars(sys.modules[package]), *public})
+
+    return __getattr__, __dir__
 
 
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_PUBLIC})
+__getattr__, __dir__ = lazy_names(__name__, _PUBLIC)

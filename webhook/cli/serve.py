@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from ..serve import limits
 from .options import (
     InputError,
     cluster_option,
@@ -38,25 +39,25 @@ if TYPE_CHECKING:
 @click.option(
     "--threads", type=click.IntRange(1, 256), default=4, show_default=True, help="Threads per worker."
 )
-@click.option("--max-body-bytes", type=click.IntRange(1024), default=3 * 1024 * 1024, show_default=True)
+@click.option("--max-body-bytes", type=click.IntRange(1024), default=limits.MAX_BODY_BYTES, show_default=True)
 @click.option(
     "--request-timeout",
     type=click.FloatRange(0.1),
-    default=10.0,
+    default=limits.REQUEST_TIMEOUT,
     show_default=True,
     help="Seconds a client has to complete the TLS handshake and send a whole request (else 408).",
 )
 @click.option(
     "--first-byte-timeout",
     type=click.FloatRange(0.1),
-    default=3.0,
+    default=limits.FIRST_BYTE_TIMEOUT,
     show_default=True,
     help="Seconds a new connection may stay silent before it is closed (at most --request-timeout).",
 )
 @click.option(
     "--worker-connections",
     type=click.IntRange(16),
-    default=4096,
+    default=limits.WORKER_CONNECTIONS,
     show_default=True,
     help="Open connections per worker; at the limit the oldest idle one is closed for a new client.",
 )
@@ -119,7 +120,7 @@ def serve(
     live from the API server with the pod's service account. Each worker runs its own
     informer, so a worker never waits on another process to answer a review.
     """
-    from .. import prefork
+    from ..serve import prefork
 
     for name in ("tls.crt", "tls.key"):
         if not (cert_dir / name).is_file():
@@ -146,8 +147,8 @@ def serve(
         require_client_cert=client_auth is not None,
     )
     # Imported only now: the metrics client picks its multi-process mode at import time.
-    from ..server import log_decisions_to_stderr, log_events_to_stderr
-    from ..serving import GuardServer, ServeOptions
+    from ..serve.app import log_decisions_to_stderr, log_events_to_stderr
+    from ..serve.gunicorn import GuardServer, ServeOptions
 
     options = ServeOptions(
         bind=bind,

@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 import urllib3
 
+from ..chunked import ChunkedDecoder, MalformedChunks
 from .gc_pause import collector_paused
 from .list_body import UnreadableList, list_items
 
@@ -306,75 +307,31 @@ def watch_lines(response, max_event: int = MAX_EVENT_BYTES) -> Iterator[bytes]:
         yield last
 
 
-_MAX_SIZE_LINE = 1024
-_MAX_TRAILER = 8192
-
-
 def _dechunked(fp) -> Iterator[bytes]:
-    """The body of a chunked response (RFC 9112 §7.1), read from its socket file in large reads.
+    """The body of a chunked response, read from its socket file in large reads.
 
     The API server sends every watch event as a chunk of its own; urllib3 costs a few
-    microseconds of Python per chunk, this a fraction of that. Yields, per read, the data of
-    the chunks it completed, and the part of a chunk longer than the read as it arrives (so
-    a large chunk is never copied again). Ends after the last chunk and its trailer section.
-    The caller closes the connection (it is never reused after a watch).
+    microseconds of Python per chunk, the shared decoder (``webhook/chunked.py``) a fraction of
+    that. Yields, per read, the data of the chunks it completed, and the part of a chunk longer
+    than the read as it arrives (so a large chunk is never copied again). Ends after the last
+    chunk and its trailer section. The caller closes the connection (it is never reused after
+    a watch).
     """
-    buffer, at = b"", 0  # buffer[at:]: chunk framing not yet parsed (a size line, CRLF, trailer)
-    data_left = 0  # bytes of the current chunk's data still to come
-    crlf = False  # the CRLF that ends a chunk's data comes next
-    while True:
+    decoder = ChunkedDecoder()
+    rest = b""  # framing not read yet: a part of a chunk-size line, a CRLF or the trailers
+    while not decoder.done:
         data = fp.read1(_BLOCK)
         if not data:
             raise ApiError(0, "watch: the stream ended before its last chunk")
-        parts = []
-        if data_left:
-            parts.append(data[:data_left])
-            data, data_left = data[data_left:], max(0, data_left - len(data))
-            if data_left:
-                yield parts[0]
-                continue
-        buffer, at = buffer[at:] + data, 0
-        if crlf:
-            if len(buffer) < 2:
-                if parts:
-                    yield parts[0]
-                continue
-            if buffer[:2] != b"\r\n":
-                raise ApiError(0, "watch: malformed chunk")
-            at, crlf = 2, False
-        while True:
-            eol = buffer.find(b"\r\n", at)
-            if eol < 0:
-                if len(buffer) - at > _MAX_SIZE_LINE:
-                    raise ApiError(0, "watch: chunk size line too long")
-                break
-            try:
-                size = int(buffer[at:eol].split(b";", 1)[0], 16)
-            except ValueError:
-                raise ApiError(0, f"watch: invalid chunk size {buffer[at:eol][:40]!r}") from None
-            start, end = eol + 2, eol + 2 + size
-            if size > 0 and end + 2 <= len(buffer):  # the whole chunk is here: the usual case
-                if buffer[end : end + 2] != b"\r\n":
-                    raise ApiError(0, "watch: malformed chunk")
-                parts.append(buffer[start:end])
-                at = end + 2
-            elif size > 0:  # its data goes on in the next reads
-                parts.append(buffer[start:end])
-                at, crlf = min(end, len(buffer)), True
-                data_left = end - at
-                break
-            elif size < 0:
-                raise ApiError(0, "watch: malformed chunk")
-            elif buffer.find(b"\r\n\r\n", eol) >= 0:  # the last chunk, and its trailer section
-                if parts:
-                    yield b"".join(parts)
-                return
-            elif len(buffer) - eol > _MAX_TRAILER:
-                raise ApiError(0, "watch: trailer section too long")
-            else:
-                break  # the trailer section has not arrived yet
+        buffer = rest + data if rest else data
+        parts: list[bytes] = []
+        try:
+            at = decoder.decode(buffer, 0, parts)
+        except MalformedChunks as err:
+            raise ApiError(0, f"watch: {err}") from None
         if parts:
             yield b"".join(parts)
+        rest = buffer[at:]
 
 
 def _status_message(body: bytes) -> str:

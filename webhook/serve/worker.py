@@ -8,8 +8,9 @@ the worker's event loop, on non-blocking sockets, under one deadline per request
 (``--request-timeout``). Only a complete request reaches a thread, with its bytes already
 buffered, so a thread never reads from a client. Requests over the body limit are answered 413
 from the loop (chunked ones too, as soon as they pass it); requests that miss the deadline are
-answered 408 and closed; framing the loop cannot trust (a chunk size that is not plain hex, a
-chunk-size line or trailer section over its cap) is answered 400. Pipelined and keep-alive
+answered 408 and closed; framing the loop cannot trust (``framing.py``: a chunk size that is
+not plain hex, chunk data not ended by CRLF, a chunk-size line or trailer section over its cap)
+is answered 400. Pipelined and keep-alive
 requests go through the loop the same way. A thread never waits to write either: what a slow
 reader does not take at once is sent from the loop (``Reply``). Flask and the app are unchanged.
 
@@ -30,7 +31,6 @@ import errno
 import gc
 import heapq
 import itertools
-import re
 import resource
 import selectors
 import socket
@@ -44,28 +44,18 @@ from functools import partial
 from gunicorn import http, sock
 from gunicorn.workers.gthread import TConn, ThreadWorker
 
-from .endpoints import CLIENT_VERIFIED
+from .framing import COMPLETE, INCOMPLETE, TOO_LARGE, RequestFraming
+from .limits import (
+    DEFAULT_BUFFERED_BYTES,
+    DRAIN_LIMIT,
+    FIRST_BYTE_TIMEOUT,
+    LINGER_LIMIT,
+    LINGER_SECONDS,
+    MAX_BODY_BYTES,
+    REQUEST_TIMEOUT,
+)
+from .reply import WOULD_BLOCK, Reply, with_client_identity
 
-DEFAULT_REQUEST_TIMEOUT = 10.0
-DEFAULT_FIRST_BYTE_TIMEOUT = 3.0
-DEFAULT_MAX_BODY = 3 * 1024 * 1024
-DEFAULT_MAX_BUFFERED = 128 * 1024 * 1024
-MAX_HEAD = 64 * 1024  # request line and headers; gunicorn's own limits are below this
-MAX_CHUNK_LINE = 1024  # a chunk-size line with its extensions
-MAX_TRAILERS = 8 * 1024  # the trailer section after the last chunk: header lines, capped like them
-# A chunk size is hex digits, nothing else (no sign, prefix, underscore or space: ``int(x, 16)``
-# takes all of those, and a negative size would lower the body count under the limit), at most
-# 16 of them; extensions may follow after ";".
-_CHUNK_SIZE = re.compile(rb"([0-9A-Fa-f]{1,16})(?:[ \t]*;[^\r\n]*)?")
-# Lines end with CRLF. A bare LF is refused at once: waiting for a CRLF that never comes would
-# hold the connection until its deadline and answer 408 for what is a malformed request.
-_BARE_LF = re.compile(rb"(?<!\r)\n")
-# After a 413 the rest of the body is read and dropped (up to this much), or the client, still
-# sending, would meet a reset instead of the answer.
-DRAIN_LIMIT = 16 * 1024 * 1024
-# A connection the server closes lingers this long, reading and dropping what the client still
-# sends, so that a reset does not cut the last reply (what gunicorn's close_graceful does).
-LINGER_SECONDS, LINGER_LIMIT = 2.0, 64 * 1024
 _READ_SIZE = 256 * 1024
 # Reads for one connection before the loop turns to the others (it comes back: the socket is
 # still readable). A read costs the same for one byte as for a full TLS record, and a client
@@ -84,119 +74,6 @@ _ACCEPTS_PER_TURN = 16
 _EXPIRIES_PER_TURN = 128
 _REFUSAL_LOG_SECONDS = 10.0
 
-INCOMPLETE, COMPLETE, TOO_LARGE, MALFORMED = "incomplete", "complete", "too large", "malformed"
-BARE_LF = -2  # what ``RequestFraming._find`` answers for a line ending in a bare LF
-
-
-@dataclass(slots=True)
-class RequestFraming:
-    """How far a buffered HTTP/1.1 request has arrived; resumable as more bytes come in.
-
-    Only the framing is read (where the head ends, Content-Length or chunk sizes): gunicorn
-    parses the request itself once it is whole. Each piece (the head, a chunk-size line, the
-    trailer section) has a cap that holds however its bytes arrive, and the search for its end
-    resumes where the last one stopped: a client that trickles bytes makes the loop look at each
-    byte once, not rescan everything it has sent on every read.
-    """
-
-    max_body: int
-    head_end: int = -1
-    length: int | None = None  # Content-Length
-    chunked: bool = False
-    scan: int = 0  # where the piece being read starts
-    searched: int = 0  # how far the search for that piece's end got
-    body: int = 0  # chunked: bytes of body seen so far
-    last_chunk: bool = False  # chunked: only the trailer section is left
-    end: int = -1  # where the request ends, once known
-    expects_continue: bool = False  # HTTP/1.1 with ``Expect: 100-continue``
-
-    def progress(self, data: bytearray) -> str:
-        if self.head_end < 0:
-            at = self._find(data, b"\r\n\r\n")
-            if at == BARE_LF or self._over(data, at, MAX_HEAD):
-                return MALFORMED
-            if at < 0:
-                return INCOMPLETE
-            verdict = self._read_head(bytes(data[:at]))
-            self.head_end = self.scan = self.searched = at + 4
-            if verdict is not None:
-                return verdict
-        if self.chunked:
-            return self._chunks(data)
-        self.end = self.head_end + (self.length or 0)
-        return COMPLETE if len(data) >= self.end else INCOMPLETE
-
-    def _find(self, data: bytearray, terminator: bytes) -> int:
-        """Where ``terminator`` first occurs from ``scan`` on, searching only bytes not searched
-        yet; ``BARE_LF`` when a line before it ends in a bare LF."""
-        start = max(self.scan, self.searched - len(terminator) + 1)
-        at = data.find(terminator, start)
-        if _BARE_LF.search(data, start, len(data) if at < 0 else at):
-            return BARE_LF
-        self.searched = len(data) if at < 0 else at
-        return at
-
-    def _over(self, data: bytearray, at: int, limit: int) -> bool:
-        """Whether the piece from ``scan`` to ``at`` (or to what has arrived so far) exceeds ``limit``."""
-        return (at if at >= 0 else len(data)) - self.scan > limit
-
-    def _read_head(self, head: bytes) -> str | None:
-        lines = head.split(b"\r\n")
-        http11 = lines[0].endswith(b" HTTP/1.1")  # HTTP/1.0 ignores the expectation (RFC 9110)
-        for line in lines[1:]:
-            name, _, value = line.partition(b":")
-            name = name.strip().lower()
-            if name == b"expect" and http11:
-                self.expects_continue = value.strip().lower() == b"100-continue"
-            if name == b"content-length":
-                try:
-                    self.length = int(value.strip())
-                except ValueError:
-                    return MALFORMED
-                if self.length < 0:
-                    return MALFORMED
-            elif name == b"transfer-encoding" and b"chunked" in value.lower():
-                self.chunked = True
-        if self.length is not None and self.length > self.max_body:
-            return TOO_LARGE
-        return None
-
-    def _chunks(self, data: bytearray) -> str:
-        while not self.last_chunk:
-            line_end = self._find(data, b"\r\n")
-            if line_end == BARE_LF or self._over(data, line_end, MAX_CHUNK_LINE):
-                return MALFORMED
-            if line_end < 0:
-                return INCOMPLETE
-            size = _CHUNK_SIZE.fullmatch(data, self.scan, line_end)
-            if size is None:
-                return MALFORMED
-            size = int(size[1], 16)
-            if size == 0:
-                self.last_chunk = True
-                self.scan = self.searched = line_end  # the trailers end at the first CRLFCRLF from here
-                break
-            if self.body + size > self.max_body:
-                return TOO_LARGE
-            chunk_end = line_end + 2 + size + 2
-            # Extensions are not body, but the loop buffers them: 1-byte chunks with 1 KiB of
-            # extensions each would make it hold a thousand times the limit.
-            if chunk_end - self.head_end > 2 * self.max_body:
-                return TOO_LARGE
-            if len(data) < chunk_end:
-                return INCOMPLETE
-            self.body += size
-            self.scan = self.searched = chunk_end
-        at = self._find(data, b"\r\n\r\n")
-        if at == BARE_LF or self._over(data, at, MAX_TRAILERS):
-            return MALFORMED
-        if at < 0:
-            return INCOMPLETE
-        self.end = at + 4
-        return COMPLETE
-
-
-_WOULD_BLOCK = (ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError, InterruptedError)
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _REASONS = {
     400: "Bad Request",
@@ -214,58 +91,6 @@ def _waiting_for(err: Exception, otherwise: int = selectors.EVENT_READ) -> int:
     if isinstance(err, ssl.SSLWantReadError):
         return selectors.EVENT_READ
     return otherwise
-
-
-class Reply:
-    """The socket a pool thread answers through: the response is collected and sent in one go.
-
-    One send makes a small response one TLS record. ``send_now`` does not wait: what a slow
-    reader leaves in ``rest`` is sent by the event loop (``GuardWorker.finish_request``) under
-    the request deadline, the way requests are read. A blocking send with a timeout would still
-    hold a thread for the whole timeout per slow reader, and as many clients as there are
-    threads, pipelining requests and never reading, would stop every decision for that long;
-    in the loop such a client holds a registered socket, not a thread. The responses are small
-    JSON documents and metrics, so holding one whole costs little.
-
-    ``client_verified``: the connection presented a client certificate the server verified
-    (and whose name is allowed); the app reads it from the WSGI environ (``CLIENT_VERIFIED``).
-    """
-
-    def __init__(self, sock, client_verified: bool = False) -> None:
-        self._sock = sock
-        self._out = bytearray()
-        self.rest = memoryview(b"")
-        self.client_verified = client_verified
-
-    def sendall(self, data) -> None:
-        self._out += data
-
-    def send_now(self) -> None:
-        timeout = self._sock.gettimeout()
-        self._sock.setblocking(False)
-        self.rest = memoryview(self._out)
-        try:
-            while self.rest:
-                # TLS: after a would-block the same bytes are offered again, as OpenSSL requires.
-                self.rest = self.rest[self._sock.send(self.rest) :]
-        except _WOULD_BLOCK:
-            pass
-        finally:
-            self._sock.settimeout(timeout)
-
-    def __getattr__(self, name: str):
-        return getattr(self._sock, name)
-
-
-def with_client_identity(app):
-    """WSGI middleware: ``environ[CLIENT_VERIFIED]`` from the connection the request came on."""
-
-    def wsgi(environ, start_response):
-        reply = environ.get("gunicorn.socket")
-        environ[CLIENT_VERIFIED] = isinstance(reply, Reply) and reply.client_verified
-        return app(environ, start_response)
-
-    return wsgi
 
 
 @dataclass(slots=True)
@@ -305,12 +130,12 @@ class GuardWorker(ThreadWorker):
         self._accept_paused_until = 0.0
         self._refused, self._refusal_logged = 0, float("-inf")
         app = self.app
-        self.request_timeout = float(getattr(app, "request_timeout", DEFAULT_REQUEST_TIMEOUT))
+        self.request_timeout = float(getattr(app, "request_timeout", REQUEST_TIMEOUT))
         self.first_byte_timeout = min(
-            float(getattr(app, "first_byte_timeout", DEFAULT_FIRST_BYTE_TIMEOUT)), self.request_timeout
+            float(getattr(app, "first_byte_timeout", FIRST_BYTE_TIMEOUT)), self.request_timeout
         )
-        self.max_body = int(getattr(app, "max_body_bytes", DEFAULT_MAX_BODY))
-        self.max_buffered = int(getattr(app, "max_buffered_bytes", DEFAULT_MAX_BUFFERED))
+        self.max_body = int(getattr(app, "max_body_bytes", MAX_BODY_BYTES))
+        self.max_buffered = int(getattr(app, "max_buffered_bytes", DEFAULT_BUFFERED_BYTES))
         self.client_auth = getattr(app, "client_auth", None)
 
     def load_wsgi(self) -> None:
@@ -620,7 +445,7 @@ class GuardWorker(ThreadWorker):
                 pending.data += chunk
                 self._hold(pending, len(chunk))
                 verdict = pending.framing.progress(pending.data)
-        except _WOULD_BLOCK as err:
+        except WOULD_BLOCK as err:
             self._watch(pending, _waiting_for(err))
             return
         except ssl.SSLError as err:
@@ -659,7 +484,7 @@ class GuardWorker(ThreadWorker):
             return False
         # Sent only while the request is incomplete: the first write on the connection, so the
         # socket buffer is empty and takes it; a would-block leaves the client to its own timer.
-        with contextlib.suppress(*_WOULD_BLOCK):
+        with contextlib.suppress(*WOULD_BLOCK):
             pending.conn.sock.send(_CONTINUE)
         return True
 
@@ -695,7 +520,7 @@ class GuardWorker(ThreadWorker):
         try:
             while pending.unsent:
                 pending.unsent = pending.unsent[pending.conn.sock.send(pending.unsent) :]
-        except _WOULD_BLOCK as err:
+        except WOULD_BLOCK as err:
             self._watch(pending, _waiting_for(err, selectors.EVENT_WRITE))
             return
         except OSError:  # ssl.SSLError too
@@ -766,7 +591,7 @@ class GuardWorker(ThreadWorker):
             else:
                 self._watch(pending, selectors.EVENT_READ)
                 return
-        except _WOULD_BLOCK as err:
+        except WOULD_BLOCK as err:
             self._watch(pending, _waiting_for(err))
             return
         except OSError:  # ssl.SSLError too

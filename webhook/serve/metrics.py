@@ -18,8 +18,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
+from ..state.source import Readiness
 from . import metric_files
-from .state.source import Readiness
 
 # Before any metric is made: its multi-process files are allocated, never sparse (SIGBUS).
 metric_files.install()

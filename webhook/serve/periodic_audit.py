@@ -20,7 +20,7 @@ import threading
 import time
 from collections import Counter
 
-from .audit import (
+from ..audit import (
     ALREADY_ALLOCATED,
     DEVICE_TYPES,
     MIXED,
@@ -32,9 +32,9 @@ from .audit import (
     device_report,
     node_findings,
 )
-from .config import Config
+from ..config import Config
+from ..state.source import StateSource
 from .metrics import AuditGauges
-from .state.source import StateSource
 
 log = logging.getLogger(__name__)
 NODES_PER_CHUNK = 250

@@ -1,6 +1,7 @@
 """The app the kube-apiserver talks to: /validate /mutate /healthz /readyz /metrics.
 
-A Flask app whose two admission paths are answered in front of it (``endpoints.py``).
+A Flask app whose two admission paths are answered in front of it (``wsgi.py``): ``answer``
+below is where a review's body becomes a decision (``admission.py``, the guards, the engine).
 
 ``create_app`` is an explicit factory: gunicorn workers, tests and benchmarks each build an
 app from a config and a state source, and nothing lives in module globals. Every answer is
@@ -17,22 +18,22 @@ import orjson
 from flask import Flask, Response
 from werkzeug.exceptions import HTTPException
 
-from . import admission
-from .admission import MUTATE, VALIDATE, AdmissionRequest, Outcome, ReviewError
-from .allocation import AllocationGuard
-from .binding import BindGuard, binding_target, is_binding
-from .config import Config
+from .. import admission
+from ..admission import MUTATE, VALIDATE, AdmissionRequest, Outcome, ReviewError
+from ..allocation import AllocationGuard
+from ..binding import BindGuard, binding_target, is_binding
+from ..config import Config
+from ..kube.rejection import controller_owner
+from ..state.source import StateSource
+from ..state.storm import StormBreakers
+from ..state.storm_probes import SharedProbes
 from .decision_log import flush_decision_lines, line_writer, log_lines_in_background
-from .endpoints import AdmissionEndpoints, error_body
-from .kube.rejection import controller_owner
+from .limits import MAX_BODY_BYTES
 from .metrics import Metrics
-from .state.source import StateSource
-from .state.storm import StormBreakers
-from .state.storm_probes import SharedProbes
+from .wsgi import AdmissionEndpoints, error_body
 
 SOURCE_EXTENSION = "admit_guard.state_source"
 AUDIT_EXTENSION = "admit_guard.periodic_audit"
-DEFAULT_MAX_BODY = 3 * 1024 * 1024  # the apiserver's own request limit is 3 MiB
 DECISION_LOG = "admit_guard.decision"
 
 
@@ -41,7 +42,7 @@ def create_app(
     source: StateSource,
     *,
     source_name: str = "snapshot",
-    max_body_bytes: int = DEFAULT_MAX_BODY,
+    max_body_bytes: int = MAX_BODY_BYTES,
     audit_interval: float | None = None,
     bind_guard: BindGuard | None = None,
     storm_probes: SharedProbes | None = None,
@@ -223,7 +224,7 @@ def log_events_to_stderr(level: str) -> logging.Handler:
     line each on stderr: gunicorn configures only its own loggers, so without this they vanish.
     Written by a thread of their own, as decisions are: some are logged under the state's or the
     breakers' lock, which a blocked stderr must never hold."""
-    logger = logging.getLogger(__package__)
+    logger = logging.getLogger(__name__.partition(".")[0])  # the whole package's: state/ logs too
     handler = log_lines_in_background(
         logger, sys.stderr, "%(asctime)s [%(process)d] [%(levelname)s] %(name)s: %(message)s"
     )

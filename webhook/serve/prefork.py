@@ -6,7 +6,7 @@ worker shares its pages. After the fork, in each worker: its own informer and le
 (threads and connections do not survive a fork), and the Flask app over them.
 
 The metrics client picks its multi-process mode when it is first imported: ``worker_app``
-imports the server only when called, and must be called after ``metrics_directory``.
+imports the app only when called, and must be called after ``metrics_directory``.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .config import Config
-    from .state import ClusterState
-    from .state.origin import StateOrigin
+    from ..config import Config
+    from ..state import ClusterState
+    from ..state.origin import StateOrigin
 
 
 def metrics_directory() -> None:
@@ -65,14 +65,14 @@ def worker_app(
 ) -> Callable[[], Any]:
     """The factory each worker calls after the fork. A live ``origin`` gives every worker its
     own informer and Leases; else ``state``, the snapshot loaded before the fork, is shared."""
-    from .allocation import AllocationGuard, allocation_stores
-    from .binding import BindGuard
-    from .server import create_app
-    from .state.informer import Informer, Timing
-    from .state.reservations import LeaseStore, LocalTable
-    from .state.source import FixedState
-    from .state.storm import StormBreakers
-    from .state.storm_probes import shared_probes
+    from ..allocation import AllocationGuard, allocation_stores
+    from ..binding import BindGuard
+    from ..state.informer import Informer, Timing
+    from ..state.reservations import LeaseStore, LocalTable
+    from ..state.source import FixedState
+    from ..state.storm import StormBreakers
+    from ..state.storm_probes import shared_probes
+    from .app import create_app
 
     waits = config.node_admission.reservations
 
@@ -88,23 +88,16 @@ def worker_app(
         if origin.live:
             storm = StormBreakers.from_config(config.storm_breaker)
             source = Informer(origin.connect(), Timing(max_age=max_state_age), storm).start()
-            return create_app(
-                config,
-                source,
-                source_name="informer",
-                max_body_bytes=max_body_bytes,
-                audit_interval=audit_interval,
-                bind_guard=BindGuard(config, local, LeaseStore(api, namespace)),
-                storm_probes=probes,
-                allocation_guard=allocations,
-                require_client_cert=require_client_cert,
-            )
+            source_name, leases = "informer", LeaseStore(api, namespace)
+        else:
+            source, source_name, leases = FixedState(state), "snapshot", None
         return create_app(
             config,
-            FixedState(state),
+            source,
+            source_name=source_name,
             max_body_bytes=max_body_bytes,
             audit_interval=audit_interval,
-            bind_guard=BindGuard(config, local),
+            bind_guard=BindGuard(config, local, leases),
             storm_probes=probes,
             allocation_guard=allocations,
             require_client_cert=require_client_cert,

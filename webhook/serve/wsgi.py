@@ -10,7 +10,7 @@ through it), and every other path is left to Flask.
 With a client CA configured (``serve --client-ca``), only a connection that presented a
 certificate the server verified, with an allowed name, is answered on these paths; any other
 gets 403 before its body is judged. The server says which connection that is through the WSGI
-environ (``CLIENT_VERIFIED``, set by ``worker.with_client_identity``).
+environ (``CLIENT_VERIFIED``, set by ``reply.with_client_identity``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from typing import Any
 
 import orjson
 
-from .admission import MUTATE, VALIDATE
+from ..admission import MUTATE, VALIDATE
+from .limits import DRAIN_LIMIT
 
 # ``answer(endpoint, body, verified) -> (status, JSON body)``: the decision, whatever the body
 # holds. ``verified``: the caller presented a verified client certificate with an allowed name.
@@ -31,8 +32,6 @@ WSGIApp = Callable[[dict[str, Any], Callable], Iterable[bytes]]
 CLIENT_VERIFIED = "admit_guard.client_verified"
 
 log = logging.getLogger(__name__)
-# An unread body makes the socket close with a reset, and the client never sees the 413.
-DRAIN_LIMIT = 16 * 1024 * 1024
 _STATUS_LINES = {status.value: f"{status.value} {status.phrase}" for status in HTTPStatus}
 
 
@@ -93,7 +92,9 @@ class AdmissionEndpoints:
         return _reply(start_response, code, error_body(code, message))
 
     def _body(self, environ: dict[str, Any]) -> bytes | None:
-        """The whole body, or ``None`` when it is over the limit (then drained, up to a point).
+        """The whole body, or ``None`` when it is over the limit (then drained, up to
+        ``DRAIN_LIMIT``: an unread body makes the socket close with a reset, and the client
+        would never see the 413).
 
         Without a Content-Length, a body is read only when the server says where it ends
         (``wsgi.input_terminated``: chunked requests under gunicorn), as Werkzeug does.

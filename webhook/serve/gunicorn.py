@@ -1,0 +1,110 @@
+"""gunicorn around the app: TLS 1.2+, keep-alive, graceful shutdown, certificate rotation.
+
+The kube-apiserver keeps connections open and sends reviews concurrently, so the workers
+are threaded (``GuardWorker``, gthread whose event loop reads whole requests before a thread
+sees them: a keep-alive or slow connection parks in the poller instead of holding a thread).
+gunicorn asks the ``ssl_context`` hook for a context on every new connection; the hook
+hands back a cached one (``tls.CertificateFiles``), rebuilt only when the certificate files
+change: a rotated Secret reaches new connections while in-flight ones finish on the old one.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gunicorn.app.base import BaseApplication
+
+from ..config import ClientAuth
+from . import limits
+from .app import SOURCE_EXTENSION, flush_decisions
+from .metrics import worker_exited
+from .tls import CertificateFiles
+
+
+@dataclass(frozen=True, slots=True)
+class ServeOptions:
+    bind: str = "0.0.0.0:8443"
+    cert_dir: Path = Path("certs")
+    workers: int = 2
+    threads: int = 4
+    keepalive: int = 75  # longer than the apiserver's 90 s idle timeout is pointless; shorter churns TLS
+    timeout: int = 30
+    graceful_timeout: int = 25
+    log_level: str = "info"
+    request_timeout: float = limits.REQUEST_TIMEOUT
+    first_byte_timeout: float = limits.FIRST_BYTE_TIMEOUT
+    max_body_bytes: int = limits.MAX_BODY_BYTES
+    max_buffered_bytes: int | None = None  # per worker; None: sized from the memory limit
+    worker_connections: int = limits.WORKER_CONNECTIONS
+    client_auth: ClientAuth | None = None
+
+    def buffered_bytes(self) -> int:
+        """Each worker's request buffer budget: as configured, else a share of the memory limit."""
+        if self.max_buffered_bytes is not None:
+            return self.max_buffered_bytes
+        memory_limit = limits.container_memory_limit()
+        return limits.default_buffered_bytes(self.workers, self.max_body_bytes, memory_limit)
+
+
+def _worker_exit(worker) -> None:
+    """Stop the worker's informer (its watches) and write its last decision lines."""
+    flush_decisions()
+    extensions = getattr(getattr(worker, "wsgi", None), "extensions", {})
+    source = extensions.get(SOURCE_EXTENSION)
+    if source is not None:
+        source.close()
+
+
+class GuardServer(BaseApplication):
+    """A gunicorn application built in code, so ``admit-guard serve`` needs no config file."""
+
+    def __init__(self, app_factory: Callable[[], Any], options: ServeOptions) -> None:
+        self._factory = app_factory
+        self._options = options
+        # Read by GuardWorker (worker.py) through its ``app``.
+        self.request_timeout = options.request_timeout
+        self.first_byte_timeout = options.first_byte_timeout
+        self.max_body_bytes = options.max_body_bytes
+        self.max_buffered_bytes = options.buffered_bytes()
+        self.client_auth = options.client_auth
+        super().__init__()
+
+    def load_config(self) -> None:
+        opts = self._options
+        client_ca = Path(opts.client_auth.ca) if opts.client_auth is not None else None
+        certificates = CertificateFiles(opts.cert_dir, client_ca)
+        settings = {
+            "bind": [opts.bind],
+            "workers": opts.workers,
+            "worker_class": "webhook.serve.worker.GuardWorker",
+            "threads": opts.threads,
+            "worker_connections": opts.worker_connections,
+            "keepalive": opts.keepalive,
+            "timeout": opts.timeout,
+            "graceful_timeout": opts.graceful_timeout,
+            "certfile": str(certificates.cert),
+            "keyfile": str(certificates.key),
+            "ssl_context": lambda conf, default_factory: certificates.context(),
+            # What the master built (the snapshot state, the modules) is shared with the workers
+            # and never garbage: frozen, no worker's full collection scans it (a pause per
+            # collection, and pages copied that could have stayed shared).
+            "pre_fork": lambda server, worker: gc.freeze(),
+            "child_exit": lambda server, worker: worker_exited(worker.pid),
+            "worker_exit": lambda server, worker: _worker_exit(worker),
+            "loglevel": opts.log_level,
+            "errorlog": "-",
+            "accesslog": None,
+            "proc_name": "admit-guard",
+            # Recent gunicorn opens a control socket under $HOME; the root filesystem is read-only.
+            "control_socket_disable": True,
+        }
+        for key, value in settings.items():
+            if key in self.cfg.settings:
+                self.cfg.set(key, value)
+
+    def load(self) -> Any:
+        return self._factory()
