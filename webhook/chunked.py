@@ -16,6 +16,12 @@ comes would hold a connection to its deadline. Each piece has a cap that holds h
 bytes arrive (a chunk-size line ``MAX_CHUNK_LINE``, the trailer section ``MAX_TRAILERS``), and
 the search for a piece's end resumes where the last one stopped, so a client that trickles
 bytes makes the decoder look at each byte once.
+
+Measured against the two decoders it replaced (one machine, min of 21): watch streams of
+900-byte events cost the same in 16 and 64 KiB reads (0.72 µs an event, +1 to 3 %), and 0.3 µs
+more per read in 1 KiB reads (the state lives on the decoder, not in a generator's locals);
+the loop frames a 3 KB review in 64-byte chunks in 33 µs (was 62) and a trickled one in a
+third of the time.
 """
 
 from __future__ import annotations
