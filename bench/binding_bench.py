@@ -14,20 +14,21 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from open_loop import report, send  # noqa: E402
 
 from tests.builders import container, node, pod  # noqa: E402
 from tests.fake_apiserver import Cluster, FakeApiServer, write_kubeconfig  # noqa: E402
-from tests.live_server import live_server, post_json  # noqa: E402
+from tests.live_server import live_server  # noqa: E402
 
 NODES, GPUS, RATE, CONNECTIONS = 1000, 8, 300, 8
 SECONDS = float(os.environ.get("BIND_BENCH_SECONDS", "20"))
@@ -81,47 +82,17 @@ def review(name: str, node: str, n: int) -> dict:
 
 def run(server, prefix: str) -> tuple[list[float], int, int]:
     """Open loop: bind ``prefix-i`` to node ``i % NODES`` at RATE/s; (latencies, allowed, errors)."""
-    total = int(RATE * SECONDS)
-    latencies: list[float] = []
-    counts = {"allowed": 0, "errors": 0}
-    lock = threading.Lock()
-    start = time.perf_counter() + 0.5
-
-    def worker(offset: int) -> None:
-        conn = server.connect()
-        for i in range(offset, total, CONNECTIONS):
-            scheduled = start + i / RATE
-            time.sleep(max(0.0, scheduled - time.perf_counter()))
-            try:
-                status, body = post_json(conn, "/validate", review(f"{prefix}-{i}", f"node-{i % NODES}", i))
-                ok = status == 200
-                allowed = ok and body["response"]["allowed"]
-            except OSError:
-                ok, allowed = False, False
-                conn.close()
-                conn = server.connect()
-            with lock:
-                latencies.append(time.perf_counter() - scheduled)
-                counts["allowed"] += allowed
-                counts["errors"] += not ok
-        conn.close()
-
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(CONNECTIONS)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return latencies, counts["allowed"], counts["errors"]
+    return send(
+        server,
+        int(RATE * SECONDS),
+        RATE,
+        CONNECTIONS,
+        lambda i: review(f"{prefix}-{i}", f"node-{i % NODES}", i),
+    )
 
 
 def _report(label: str, latencies: list[float], allowed: int, errors: int) -> str:
-    latencies.sort()
-    p50 = statistics.median(latencies) * 1000
-    p99 = latencies[int(len(latencies) * 0.99) - 1] * 1000
-    return (
-        f"{label:28} {len(latencies)} binds: p50 {p50:6.2f} ms  p99 {p99:6.2f} ms  "
-        f"allowed {allowed}  errors {errors}"
-    )
+    return report(label, "binds", latencies, allowed, errors)
 
 
 def main() -> None:

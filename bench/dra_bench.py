@@ -18,11 +18,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -33,9 +31,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from dra_index_bench import GPUS, NODES, PARTITIONABLE_NODES, claim, claims, node, slices  # noqa: E402
+from open_loop import report, send  # noqa: E402
 
 from tests.fake_apiserver import Cluster, FakeApiServer, write_kubeconfig  # noqa: E402
-from tests.live_server import live_server, post_json  # noqa: E402
+from tests.live_server import live_server  # noqa: E402
 
 RATE, CONNECTIONS = 300, 8
 SECONDS = float(os.environ.get("DRA_BENCH_SECONDS", "10"))
@@ -107,49 +106,19 @@ def review(n: int, version: str) -> bytes:
 
 
 def run(server, versions: dict[int, str]) -> tuple[list[float], int, int]:
-    total = int(RATE * SECONDS)
-    latencies: list[float] = []
-    counts = {"allowed": 0, "errors": 0}
-    lock = threading.Lock()
-    start = time.perf_counter() + 0.5
+    """Open loop at RATE/s; an allocation counts as allowed only when checked (no warning)."""
 
-    def worker(offset: int) -> None:
-        conn = server.connect()
-        for i in range(offset, total, CONNECTIONS):
-            n = FIRST_FREE + i
-            body = review(n, versions.get(n, ""))
-            scheduled = start + i / RATE
-            time.sleep(max(0.0, scheduled - time.perf_counter()))
-            try:
-                status, answer = post_json(conn, "/validate", body)
-                ok = status == 200
-                allowed = ok and answer["response"]["allowed"] and not answer["response"].get("warnings")
-            except OSError:
-                ok = allowed = False
-                conn.close()
-                conn = server.connect()
-            with lock:
-                latencies.append(time.perf_counter() - scheduled)
-                counts["allowed"] += allowed
-                counts["errors"] += not ok
-        conn.close()
+    def checked(response: dict) -> bool:
+        return response["allowed"] and not response.get("warnings")
 
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(CONNECTIONS)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return latencies, counts["allowed"], counts["errors"]
+    def body(i: int) -> bytes:
+        return review(FIRST_FREE + i, versions.get(FIRST_FREE + i, ""))
+
+    return send(server, int(RATE * SECONDS), RATE, CONNECTIONS, body, allowed=checked)
 
 
-def report(label: str, latencies: list[float], allowed: int, errors: int) -> str:
-    latencies.sort()
-    p50 = statistics.median(latencies) * 1000
-    p99 = latencies[int(len(latencies) * 0.99) - 1] * 1000
-    return (
-        f"{label:32} {len(latencies)} writes: p50 {p50:6.2f} ms  p99 {p99:6.2f} ms  "
-        f"allowed {allowed}  errors {errors}"
-    )
+def report_writes(label: str, latencies: list[float], allowed: int, errors: int) -> str:
+    return report(label, "writes", latencies, allowed, errors)
 
 
 def worker_rss(server) -> float:
@@ -228,8 +197,8 @@ def main() -> None:
         ) as server:
             time.sleep(1.0)
             alone = run(server, versions)
-        print(report("without coordination (snapshot)", *alone))
-        print(report("with coordination (Lease/pool)", *coordinated))
+        print(report_writes("without coordination (snapshot)", *alone))
+        print(report_writes("with coordination (Lease/pool)", *coordinated))
         print(f"API writes per allocation: {writes / len(coordinated[0]):.2f}")
 
 
