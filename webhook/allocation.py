@@ -123,7 +123,9 @@ class AllocationGuard:
         self.leases = leases
         self.clock = clock
 
-    def review(self, req: AdmissionRequest, source: StateSource, outcome: Outcome, *, verified: bool = False):
+    def review(
+        self, req: AdmissionRequest, source: StateSource, outcome: Outcome, *, verified: bool = False
+    ) -> Outcome:
         """An allocation the engine allowed: judged again with the allocations in flight, and
         recorded when it still fits. ``verified``: the caller proved it is the API server."""
         if not is_claim_status(req) or not outcome.allowed or req.dry_run or req.obj is None:
@@ -172,7 +174,15 @@ class AllocationGuard:
         return _deny(outcome, [(f.reason, f.message) for f in findings])
 
     def _decide(
-        self, pools, new: InFlight, source, req, now, budget: Budget, findings: list, outcome: Outcome
+        self,
+        pools: list[str],
+        new: InFlight,
+        source: StateSource,
+        req: AdmissionRequest,
+        now: float,
+        budget: Budget,
+        findings: list,
+        outcome: Outcome,
     ) -> bool:
         """Lock every pool's table (in order), judge against the index plus what the tables
         and the pools' Leases hold in flight, and record ``new`` in each. A table that fails

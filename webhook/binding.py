@@ -355,7 +355,9 @@ class BindGuard:
                 )
 
 
-def _claims_elsewhere(state: ClusterState, record: PodRecord | None, pod_name: str, node: str):
+def _claims_elsewhere(
+    state: ClusterState, record: PodRecord | None, pod_name: str, node: str
+) -> device_allocation.Finding | None:
     """A pending pod's DRA claim allocated for devices ``node`` cannot use: the claims reserved
     for it, and those its spec names (``FailedPrepareDynamicResources`` on that node)."""
     if state.devices is None or record is None or record.pending is None:
