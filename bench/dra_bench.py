@@ -35,6 +35,7 @@ from open_loop import report, send  # noqa: E402
 
 from tests.fake_apiserver import Cluster, FakeApiServer, write_kubeconfig  # noqa: E402
 from tests.live_server import live_server  # noqa: E402
+from tests.test_dra_admission import status_update  # noqa: E402
 
 RATE, CONNECTIONS = 300, 8
 SECONDS = float(os.environ.get("DRA_BENCH_SECONDS", "10"))
@@ -80,29 +81,12 @@ def review(n: int, version: str) -> bytes:
     """Allocate a free GPU (gpu-6 or gpu-7 of a whole-GPU node) to unallocated claim ``n``."""
     slot = n - FIRST_FREE
     where = node(PARTITIONABLE_NODES + (slot // 2) % (NODES - PARTITIONABLE_NODES))
-    new = claim(n, f"gpu-{GPUS - 1 - slot % 2}", where)
-    old = claim(n, None, None)
-    old["metadata"]["resourceVersion"] = version
-    for obj in (new, old):
-        obj.update(apiVersion="resource.k8s.io/v1", kind="ResourceClaim")
-    return orjson.dumps(
-        {
-            "apiVersion": "admission.k8s.io/v1",
-            "kind": "AdmissionReview",
-            "request": {
-                "uid": f"a-{n}",
-                "kind": {"group": "resource.k8s.io", "version": "v1", "kind": "ResourceClaim"},
-                "resource": {"group": "resource.k8s.io", "version": "v1", "resource": "resourceclaims"},
-                "subResource": "status",
-                "namespace": new["metadata"]["namespace"],
-                "name": new["metadata"]["name"],
-                "operation": "UPDATE",
-                "userInfo": {"username": "system:serviceaccount:kube-system:kube-scheduler"},
-                "object": new,
-                "oldObject": old,
-            },
-        }
-    )
+    new = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        **claim(n, f"gpu-{GPUS - 1 - slot % 2}", where),
+    }
+    return orjson.dumps(status_update(new, version=version))
 
 
 def run(server, versions: dict[int, str]) -> tuple[list[float], int, int]:
