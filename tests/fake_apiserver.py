@@ -44,6 +44,8 @@ LIST_KINDS = {
     "resourceclaims": "ResourceClaimList",
     "deviceclasses": "DeviceClassList",
 }
+# apimachinery's ``TotalAnnotationSizeLimitB``: the bytes of an object's annotations, keys included.
+ANNOTATIONS_LIMIT = 256 * 1024
 # Discovery (``/apis``, ``/apis/GROUP/VERSION``): group → (its preferred groupVersion, its
 # resources as (plural, kind)). Empty: the cluster serves no API group beyond these lists.
 API_GROUPS: dict[str, tuple[str, list[tuple[str, str]]]] = {}
@@ -79,7 +81,11 @@ class Cluster:
     leases: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     lease_writes: int = 0
     lease_conflicts: int = 0
+    lease_deletes: int = 0
     lease_delay: float = 0.0  # seconds before each Lease answer: a slow API server
+    # Seconds each watch event waits before it is sent: a loaded API server's watch cache, so a
+    # review can carry a resourceVersion newer than any watcher has seen.
+    watch_lag: float = 0.0
     gone_watches: str = ""  # "event": every watch is an in-stream 410 ERROR; "status": HTTP 410
     ignore_limit: bool = False  # lists come whole, streamed item by item, whatever their limit
     lists: collections.Counter = field(default_factory=collections.Counter)  # full lists per resource
@@ -87,6 +93,7 @@ class Cluster:
     def __post_init__(self) -> None:
         self.changed = threading.Condition()
         self.lease_lock = threading.Lock()
+        self.recorded: dict[int, float] = {}  # event resourceVersion → when it happened (monotonic)
 
     # -- the script -------------------------------------------------------------------
 
@@ -145,7 +152,24 @@ class Cluster:
         else:
             self.objects[resource][key] = raw
         self.log[resource].append((self.rv, b'{"type":"%s","object":%s}\n' % (kind.encode(), raw)))
+        self.recorded[self.rv] = time.monotonic()
         self.changed.notify_all()
+
+    def due(self, resource: str, since: int) -> list[tuple[int, bytes]]:
+        """The events after ``since`` that a watch may send now: in order, each ``watch_lag``
+        seconds after it happened (called holding ``changed``)."""
+        events = [(rv, line) for rv, line in self.log[resource] if rv > since]
+        if not self.watch_lag:
+            return events
+        ready = time.monotonic() - self.watch_lag
+        due = list(itertools.takewhile(lambda e: self.recorded.get(e[0], 0.0) <= ready, events))
+        if len(due) < len(events):  # wake up when the next one is due
+            threading.Timer(self.watch_lag / 4, self._notify).start()
+        return due
+
+    def _notify(self) -> None:
+        with self.changed:
+            self.changed.notify_all()
 
     def _fault(self, resource: str, kinds: tuple[str, ...]) -> Fault | None:
         with self.changed:
@@ -184,8 +208,13 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         self._lease("POST")
 
+    def do_DELETE(self) -> None:
+        self._lease("DELETE")
+
     def _lease(self, method: str) -> None:
-        """GET/PUT one Lease, or POST (create) one: optimistic concurrency on resourceVersion."""
+        """GET/PUT/DELETE one Lease, POST (create) one, or GET the namespace's list: optimistic
+        concurrency on resourceVersion (a PUT or a DELETE with a stale one is a 409), and the
+        API server's limit on annotations (``ValidateAnnotationsSize``: 422 past 256 KiB)."""
         match = LEASES.match(urlparse(self.path).path)
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0)) if method != "GET" else b""
         if self.headers.get("Authorization") != f"Bearer {self.cluster.token}":
@@ -195,11 +224,29 @@ class _Handler(BaseHTTPRequestHandler):
         cluster, namespace = self.cluster, match["namespace"]
         time.sleep(cluster.lease_delay)
         with cluster.lease_lock:
-            if method == "GET":
+            if method == "GET" and not match["name"]:
+                items = [lease for (ns, _), lease in sorted(cluster.leases.items()) if ns == namespace]
+                listing = {
+                    "kind": "LeaseList",
+                    "metadata": {"resourceVersion": str(cluster.rv)},
+                    "items": items,
+                }
+                return self._send(200, orjson.dumps(listing))
+            if method in ("GET", "DELETE"):
                 lease = cluster.leases.get((namespace, match["name"] or ""))
                 if lease is None:
                     return self._status(404, "NotFound", "lease not found")
-                return self._send(200, orjson.dumps(lease))
+                if method == "GET":
+                    return self._send(200, orjson.dumps(lease))
+                wanted = ((orjson.loads(body) if body else {}).get("preconditions") or {}).get(
+                    "resourceVersion"
+                )
+                if wanted is not None and wanted != lease["metadata"]["resourceVersion"]:
+                    cluster.lease_conflicts += 1
+                    return self._status(409, "Conflict", "the object has been modified (precondition)")
+                del cluster.leases[(namespace, match["name"])]
+                cluster.lease_deletes += 1
+                return self._send(200, orjson.dumps({"kind": "Status", "status": "Success"}))
             obj = orjson.loads(body)
             name = obj.get("metadata", {}).get("name", "")
             current = cluster.leases.get((namespace, name))
@@ -213,6 +260,13 @@ class _Handler(BaseHTTPRequestHandler):
                 cluster.lease_conflicts += 1
                 return self._status(
                     409, "Conflict", "the object has been modified; please apply your changes"
+                )
+            annotations = obj["metadata"].get("annotations") or {}
+            if sum(len(k) + len(v) for k, v in annotations.items()) > ANNOTATIONS_LIMIT:
+                return self._status(
+                    422,
+                    "Invalid",
+                    f"metadata.annotations: Too long: must have at most {ANNOTATIONS_LIMIT} bytes",
                 )
             cluster.rv += 1
             obj["metadata"].update(namespace=namespace, resourceVersion=str(cluster.rv))
@@ -339,11 +393,13 @@ class _Handler(BaseHTTPRequestHandler):
         sent, last_bookmark, generation = 0, time.monotonic(), cluster.watch_generation
         while time.monotonic() < deadline and generation == cluster.watch_generation:
             with cluster.changed:
-                pending = [(rv, line) for rv, line in cluster.log[resource] if rv > since]
+                pending = cluster.due(resource, since)
                 if not pending:
                     cluster.changed.wait(min(cluster.bookmark_every, max(0.0, deadline - time.monotonic())))
-                    pending = [(rv, line) for rv, line in cluster.log[resource] if rv > since]
-                current = cluster.rv
+                    pending = cluster.due(resource, since)
+                current = pending[-1][0] if cluster.watch_lag and pending else since
+                if not cluster.watch_lag:
+                    current = cluster.rv
             batch: list[bytes] = []
             for rv, line in pending:
                 if fault is not None and sent >= fault.after:

@@ -131,10 +131,6 @@ def test_binds_are_checked_fail_open_with_a_short_timeout_outside_system_namespa
     [config] = objects(rendered["self-signed"], "ValidatingWebhookConfiguration")
     bindings = next(h for h in config["webhooks"] if h["name"] == "bindings.admit-guard.io")
     assert bindings["failurePolicy"] == "Ignore" and bindings["timeoutSeconds"] <= 5
-    # The guard answers before the API server gives up on it: an answer after the timeout is
-    # failurePolicy Ignore, an unchecked bind. Worst case: the wait, then a Lease read and write.
-    waits = ReservationsConfig()
-    assert bindings["timeoutSeconds"] > waits.wait_seconds + 2 * waits.deadline_seconds
     assert bindings["rules"] == [
         {
             "apiGroups": [""],
@@ -332,6 +328,22 @@ def test_vap_refuses_an_exemption_it_cannot_express(tmp_path):
     config.write_text('exemptions: [{users: ["o\'brien"]}]\n')
     result = CliRunner().invoke(main, ["vap", "--config", str(config)])
     assert result.exit_code == 2 and "exemptions[0].users" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "hook", ["pods.admit-guard.io", "bindings.admit-guard.io", "resourceclaims.admit-guard.io"]
+)
+def test_every_webhook_whose_requests_coordinate_times_out_after_the_decisions_budget(rendered, hook):
+    """Pinned pod CREATEs, binds and DRA allocations wait for siblings and round-trip to Leases.
+    The guard answers before the API server gives up on it (an answer after the timeout is the
+    failurePolicy: Ignore, unchecked): the budget ends every decision, with a second to spare
+    for TLS, reading the review and writing the answer."""
+    [config] = objects(rendered["self-signed"], "ValidatingWebhookConfiguration")
+    [webhook] = [h for h in config["webhooks"] if h["name"] == hook]
+    shipped = load_config("deploy/base/config.yaml")
+    for settings in (ReservationsConfig(), shipped.node_admission.reservations):
+        assert webhook["timeoutSeconds"] >= settings.budget_seconds + 1
+        assert settings.wait_seconds + 2 * settings.deadline_seconds <= settings.budget_seconds
 
 
 def test_dra_allocations_are_checked_fail_open_on_resourceclaim_status_updates_only(rendered):

@@ -144,3 +144,42 @@ def test_the_api_server_down_answers_an_allocation_within_three_seconds_allowed_
     response = client.post("/validate", json=copy.deepcopy(review)).get_json()["response"]
     assert time.monotonic() - started < 3
     assert response["allowed"] is True and "did not check this allocation" in response["warnings"][0]
+
+
+def test_kube_schedulers_write_order_with_a_late_watch_never_hands_one_gpu_to_two_claims(tmp_path):
+    """``bindClaim`` (pkg/scheduler/framework/plugins/dynamicresources) adds the delete-protection
+    finalizer with an Update, then writes the allocation with UpdateStatus: the allocation's
+    oldObject is newer than what the guards' watches show while their events are 0.5 s late.
+    Claim B, written on the other replica for the same GPU, must still meet A's record."""
+    cluster = dra_cluster(claims=2)
+    cluster.watch_lag = 0.5
+    server = FakeApiServer(cluster)
+    kubeconfig = server.kubeconfig(tmp_path / "kubeconfig")
+    config = tmp_path / "config.yaml"
+    config.write_text("policies: {nodeAdmission: {reservations: {namespace: admit-guard}}}\n")
+    args = ("--kubeconfig", kubeconfig, "--config", str(config))
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    try:
+        with live_server(tmp_path / "a", *args) as first, live_server(tmp_path / "b", *args) as second:
+            responses = []
+            for i, guard in enumerate((first, second)):
+                stored = json.loads(cluster.objects["resourceclaims"][f"uid-ml-trainer-{i}"])
+                stored["metadata"]["finalizers"] = ["resource.kubernetes.io/delete-protection"]
+                cluster.put("resourceclaims", stored)  # the Update; the watch shows it 0.5 s later
+                version = json.loads(cluster.objects["resourceclaims"][stored["metadata"]["uid"]])[
+                    "metadata"
+                ]["resourceVersion"]
+                review = status_update(
+                    claim(f"trainer-{i}", namespace="ml", results=[result("gpu-1")]), version=version
+                )
+                conn = guard.connect()
+                try:
+                    responses.append(post_json(conn, "/validate", review)[1]["response"])
+                finally:
+                    conn.close()
+    finally:
+        server.close()
+    assert responses[0]["allowed"] is True, responses[0]
+    assert responses[1]["allowed"] is False, responses[1]
+    assert responses[1]["status"]["reason"] == "DeviceAlreadyAllocated"

@@ -240,7 +240,7 @@ class BindGuard:
         judged: Judged | None = None,
     ) -> Outcome:
         settings = self.config.node_admission.reservations
-        budget = Budget.start(settings.wait_seconds, settings.deadline_seconds)
+        budget = Budget.start(settings.wait_seconds, settings.deadline_seconds, settings.budget_seconds)
         now = self.clock()
         unsafe = self.config.node_admission.unsafe_sysctls_for(node.labels)
         confirm = None if verified else settings.confirm_seconds

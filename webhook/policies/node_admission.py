@@ -57,6 +57,9 @@ class ReservationsConfig:
     ttl_seconds: float = 30.0
     deadline_seconds: float = 1.0  # one API call; slower is an outage (fail open)
     wait_seconds: float = 2.0  # for sibling decisions on the same node; past it, denied Busy
+    # One decision, waits and round trips together, ends within this (below the webhooks'
+    # timeoutSeconds); past it, denied Busy: a late answer would be the failurePolicy's.
+    budget_seconds: float = 4.0
     # Without an authenticated caller (serve --client-ca), a reservation whose pod the state does
     # not show on its node within this many seconds is released: forged reviews hold nothing long.
     confirm_seconds: float = 5.0
@@ -107,7 +110,8 @@ def read_settings(reader: Reader, data: Any, where: str) -> NodeAdmissionConfig:
 
 
 def _reservations(reader: Reader, data: Any, where: str) -> ReservationsConfig:
-    keys = {"namespace", "ttlSeconds", "deadlineSeconds", "waitSeconds", "confirmSeconds", "coordinate"}
+    keys = {"namespace", "ttlSeconds", "deadlineSeconds", "waitSeconds", "budgetSeconds", "confirmSeconds"}
+    keys.add("coordinate")
     data = reader.mapping(data, where, keys)
     defaults = ReservationsConfig()
     namespace = data.get("namespace", "")
@@ -122,6 +126,9 @@ def _reservations(reader: Reader, data: Any, where: str) -> ReservationsConfig:
             data.get("deadlineSeconds", defaults.deadline_seconds), f"{where}.deadlineSeconds", 0.05
         ),
         wait_seconds=reader.number(data.get("waitSeconds", defaults.wait_seconds), f"{where}.waitSeconds", 0),
+        budget_seconds=reader.number(
+            data.get("budgetSeconds", defaults.budget_seconds), f"{where}.budgetSeconds", 0.1
+        ),
         confirm_seconds=reader.number(
             data.get("confirmSeconds", defaults.confirm_seconds), f"{where}.confirmSeconds", 0.5
         ),

@@ -124,7 +124,8 @@ class Metrics:
         self.binding_fail_open = Counter(
             "admit_guard_binding_fail_open",
             "Binds (and DRA allocations) allowed unchecked, by why: pod-unknown, state-unavailable, "
-            "node-unknown, api-error, deadline, table-error, busy.",
+            "node-unknown, api-error, deadline, table-error, busy, unknown-pool (DRA: a pool no "
+            "ResourceSlice publishes, not coordinated).",
             ["reason"],
             registry=registry,
         )

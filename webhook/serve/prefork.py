@@ -66,13 +66,16 @@ def worker_app(
     """The factory each worker calls after the fork. A live ``origin`` gives every worker its
     own informer and Leases; else ``state``, the snapshot loaded before the fork, is shared."""
     from ..allocation import AllocationGuard, allocation_stores
+    from ..allocation import kept as allocation_kept
     from ..binding import BindGuard
     from ..state.informer import Informer, Timing
     from ..state.reservations import LeaseStore, LocalTable
+    from ..state.reservations import kept as reservation_kept
     from ..state.source import FixedState
     from ..state.storm import StormBreakers
     from ..state.storm_probes import shared_probes
     from .app import create_app
+    from .lease_collector import COLLECT_SECONDS, LeaseCollector
 
     waits = config.node_admission.reservations
 
@@ -89,6 +92,11 @@ def worker_app(
             storm = StormBreakers.from_config(config.storm_breaker)
             source = Informer(origin.connect(), Timing(max_age=max_state_age), storm).start()
             source_name, leases = "informer", LeaseStore(api, namespace)
+            LeaseCollector(
+                source,
+                [(leases, reservation_kept), (pool_leases, allocation_kept)],
+                interval=max(COLLECT_SECONDS, 2 * waits.ttl_seconds),
+            ).start()
         else:
             source, source_name, leases = FixedState(state), "snapshot", None
         return create_app(

@@ -166,12 +166,17 @@ class Pool:
             self.mixed_layout = True
 
 
+# Deleted claim keys remembered: far more than can be in flight within a reservation's TTL.
+DELETED_KEYS = 16384
+
+
 class DeviceIndex:
     """Devices in use, pools, device classes and taint rules; mutated only by the methods below."""
 
     __slots__ = (
         "_claims",
         "_classes",
+        "_deleted",
         "_named",
         "_pool_slices",
         "_pools",
@@ -193,6 +198,9 @@ class DeviceIndex:
         # Allocated claims by the pods they are reserved for (``status.reservedFor``): a bind
         # of such a pod must go where its devices are.
         self._reserved: dict[str, tuple[str, ...]] = {}
+        # Keys of claims seen deleted, oldest first (at most ``DELETED_KEYS``): evidence that an
+        # allocation recorded in flight for one of them will never land.
+        self._deleted: dict[str, None] = {}
         self._uses: dict[DeviceKey, DeviceUse] = {}
         self._slices: dict[str, ResourceSlice] = {}
         self._pool_slices: dict[PoolKey, set[str]] = {}  # every generation
@@ -207,6 +215,7 @@ class DeviceIndex:
         """A ResourceClaim added or updated: it holds its devices iff it has an allocation."""
         ref = claim_ref(obj)
         key, allocation = claim_allocation_from(obj)
+        self._deleted.pop(key, None)  # a hand-written key (namespace/name) may come back
         self._named[(ref.namespace, ref.name)] = key
         version = (obj.get("metadata") or {}).get("resourceVersion")
         self._versions[key] = (ref.namespace, ref.name, version if isinstance(version, str) else "")
@@ -220,6 +229,9 @@ class DeviceIndex:
         self.delete_claim_key(claim_ref(obj).key)
 
     def delete_claim_key(self, key: str) -> None:
+        self._deleted[key] = None
+        if len(self._deleted) > DELETED_KEYS:
+            del self._deleted[next(iter(self._deleted))]
         known = self._versions.pop(key, None)
         if known is not None and self._named.get(known[:2]) == key:
             del self._named[known[:2]]
@@ -229,6 +241,10 @@ class DeviceIndex:
         """The resourceVersion of the claim as last seen ("" when it had none), or None."""
         known = self._versions.get(key)
         return None if known is None else known[2]
+
+    def deleted(self, key: str) -> bool:
+        """Whether the claim was seen deleted (among the last ``DELETED_KEYS`` deletions)."""
+        return key in self._deleted
 
     def claim_keys(self) -> list[str]:
         """Every claim's key, allocated or not."""
