@@ -31,8 +31,10 @@ PATHS = {
     "/apis/resource.k8s.io/v1/resourceslices": "resourceslices",
     "/apis/resource.k8s.io/v1/resourceclaims": "resourceclaims",
     "/apis/resource.k8s.io/v1/deviceclasses": "deviceclasses",
+    "/apis/resource.k8s.io/v1alpha3/devicetaintrules": "devicetaintrules",
 }
 DRA = ("resourceslices", "resourceclaims", "deviceclasses")
+TAINT_RULES = "devicetaintrules"  # alpha in 1.35 (DRADeviceTaints): a cluster may not serve it
 DISCOVERY = "/apis/resource.k8s.io/v1"
 LEASES = re.compile(
     r"/apis/coordination\.k8s\.io/v1/namespaces/(?P<namespace>[^/]+)/leases(?:/(?P<name>[^/]+))?"
@@ -43,6 +45,7 @@ LIST_KINDS = {
     "resourceslices": "ResourceSliceList",
     "resourceclaims": "ResourceClaimList",
     "deviceclasses": "DeviceClassList",
+    "devicetaintrules": "DeviceTaintRuleList",
 }
 # apimachinery's ``TotalAnnotationSizeLimitB``: the bytes of an object's annotations, keys included.
 ANNOTATIONS_LIMIT = 256 * 1024
@@ -73,6 +76,7 @@ class Cluster:
     floor: dict[str, int] = field(default_factory=lambda: dict.fromkeys(LIST_KINDS, 0))
     faults: dict[str, list[Fault]] = field(default_factory=lambda: {r: [] for r in LIST_KINDS})
     serves_dra: bool = False  # resource.k8s.io/v1: discovery and its lists answer 404 when off
+    serves_taint_rules: bool = False  # resource.k8s.io/v1alpha3 devicetaintrules: 404 when off
     snapshots: dict[str, tuple[int, list[bytes]]] = field(default_factory=dict)
     requests: list[str] = field(default_factory=list)
     frozen: dict[str, tuple[int, list[bytes]]] = field(default_factory=dict)
@@ -284,6 +288,8 @@ class _Handler(BaseHTTPRequestHandler):
             return self._discovery(url.path)
         resource = PATHS.get(url.path)
         if resource in DRA and not self.cluster.serves_dra:
+            resource = None
+        if resource == TAINT_RULES and not self.cluster.serves_taint_rules:
             resource = None
         query = {k: v[0] for k, v in parse_qs(url.query).items()}
         self.cluster.requests.append(f"{resource} {'watch' if query.get('watch') else 'list'}")

@@ -1,5 +1,6 @@
-"""DRA live: the informer keeps the device index from resource.k8s.io/v1 lists and watches, and
-two guard servers of two workers each never hand the last GPU of a pool to two claims."""
+"""DRA live: the informer keeps the device index from resource.k8s.io/v1 lists and watches (and
+DeviceTaintRules from resource.k8s.io/v1alpha3, where served), and two guard servers of two
+workers each never hand the last GPU of a pool to two claims."""
 
 from __future__ import annotations
 
@@ -9,17 +10,24 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 import pytest
 
 from tests.builders import node
-from tests.dra_builders import claim, gpus, resource_slice, result
+from tests.dra_builders import DRIVER, claim, gpus, resource_slice, result
 from tests.fake_apiserver import Cluster, FakeApiServer
 from tests.live_server import live_server, post_json
-from tests.test_dra_admission import status_update
+from tests.test_dra_admission import answer, status_update
 from tests.test_informer import eventually
+from webhook.allocation import IN_FLIGHT, AllocationGuard
+from webhook.config import config_from_dict
+from webhook.serve.app import create_app
 from webhook.state.apiserver import ApiServer
-from webhook.state.informer import Informer, Timing
+from webhook.state.informer import Informer, Timing, live_snapshot
+from webhook.state.reservations import LocalTable
+from webhook.state.snapshot import load_snapshot
+from webhook.state.source import FixedState
 
 GPU = ("gpu.example.com", "node-1", "gpu-1")
 
@@ -80,6 +88,106 @@ def test_a_cluster_that_does_not_serve_dra_is_said_once_and_skipped(tmp_path, ca
     finally:
         informer.stop()
         server.close()
+
+
+# -- DeviceTaintRules ------------------------------------------------------------------------------
+
+
+def taint_rule(name: str = "drain-gpu-1", effect: str = "NoSchedule") -> dict:
+    """A DeviceTaintRule as Kubernetes 1.35 serves it (``resource.k8s.io/v1alpha3``) for gpu-1."""
+    return {
+        "apiVersion": "resource.k8s.io/v1alpha3",
+        "kind": "DeviceTaintRule",
+        "metadata": {"name": name},
+        "spec": {
+            "deviceSelector": {"driver": DRIVER, "pool": "node-1", "device": "gpu-1"},
+            "taint": {"key": "drain", "value": "maintenance", "effect": effect},
+        },
+    }
+
+
+@contextmanager
+def watching(cluster: Cluster, tmp_path):
+    """A started, synced informer on a fake API server serving ``cluster``."""
+    server = FakeApiServer(cluster)
+    api = ApiServer.connect(kubeconfig=server.kubeconfig(tmp_path / "kubeconfig"))
+    informer = Informer(api, Timing(page_size=50)).start()
+    try:
+        assert informer.wait_synced(10)
+        yield informer
+    finally:
+        informer.stop()
+        server.close()
+
+
+def verdict(source, directory, review: dict) -> dict:
+    """The guard's answer to ``review`` with ``source`` as its state (a fresh allocation table)."""
+    conf = config_from_dict({})
+    guard = AllocationGuard(conf, LocalTable(directory, IN_FLIGHT))
+    return answer(create_app(conf, source, allocation_guard=guard).test_client(), copy.deepcopy(review))
+
+
+@pytest.mark.parametrize("effect", ["NoSchedule", "NoExecute"])
+def test_a_device_taint_rule_in_the_cluster_denies_as_the_same_rule_in_a_snapshot(tmp_path, effect):
+    import yaml
+
+    cluster = dra_cluster(claims=1)
+    cluster.serves_taint_rules = True
+    cluster.load("devicetaintrules", [taint_rule(effect=effect)])
+    review = status_update(claim("trainer-0", namespace="ml", results=[result("gpu-1")]))
+    docs = [*cluster.truth("nodes"), *cluster.truth("resourceslices"), *cluster.truth("resourceclaims")]
+    (tmp_path / "cluster.yaml").write_text(yaml.safe_dump_all([*docs, taint_rule(effect=effect)]))
+    snapshot = load_snapshot([str(tmp_path / "cluster.yaml")])
+    from_snapshot = verdict(FixedState(snapshot), tmp_path / "s", review)
+    with watching(cluster, tmp_path) as live:
+        assert [(t.key, t.effect) for t in live.state.devices.taints(GPU)] == [("drain", effect)]
+        from_live = verdict(live, tmp_path / "l", review)
+    assert from_live["allowed"] is False
+    assert from_live["status"]["reason"] == "DeviceTaintNotTolerated"
+    assert from_live == from_snapshot
+
+
+def test_a_device_taint_rule_added_then_deleted_in_the_watch_taints_then_frees_its_device(tmp_path):
+    cluster = dra_cluster()
+    cluster.serves_taint_rules = True
+    cluster.load("devicetaintrules", [])
+    with watching(cluster, tmp_path) as live:
+        assert live.state.devices.taints(GPU) == ()
+        cluster.put("devicetaintrules", taint_rule())
+        assert eventually(lambda: len(live.state.devices.taints(GPU)) == 1)
+        cluster.delete("devicetaintrules", "drain-gpu-1")
+        assert eventually(lambda: live.state.devices.taints(GPU) == ())
+
+
+def test_a_cluster_without_device_taint_rules_is_ready_said_once_and_checks_the_rest(tmp_path, caplog):
+    """Alpha in 1.35: most clusters answer 404. Readiness does not wait for it, nor retry."""
+    caplog.set_level(logging.INFO, logger="webhook.state.informer")
+    cluster = dra_cluster()
+    with watching(cluster, tmp_path) as live:
+        assert live.readiness().ready
+        assert live.state.devices.use(("gpu.example.com", "node-1", "gpu-0"))
+        time.sleep(0.3)
+        assert cluster.requests.count("None list") == 1  # the 404: asked once, not retried
+    said = [r.message for r in caplog.records if "devicetaintrules" in r.message]
+    assert len(said) == 1 and "does not serve" in said[0]
+    server = FakeApiServer(cluster)
+    try:
+        api = ApiServer.connect(kubeconfig=server.kubeconfig(tmp_path / "again"))
+        assert live_snapshot(api).devices is not None  # the one-off list of `check --kubeconfig` too
+    finally:
+        server.close()
+
+
+def test_device_taint_rules_no_longer_served_are_dropped_and_the_guard_stays_ready(tmp_path):
+    cluster = dra_cluster()
+    cluster.serves_taint_rules = True
+    cluster.load("devicetaintrules", [taint_rule()])
+    with watching(cluster, tmp_path) as live:
+        assert live.state.devices.taints(GPU)
+        cluster.serves_taint_rules = False  # the API server restarted without the alpha API
+        cluster.end_watches()
+        assert eventually(lambda: live.state.devices.taints(GPU) == ())
+        assert live.readiness().ready and live.synced
 
 
 def test_twelve_concurrent_allocations_of_the_last_gpu_over_two_guards_allow_exactly_one(tmp_path):

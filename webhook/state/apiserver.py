@@ -37,6 +37,8 @@ RESOURCES = {
     "resourceslices": "/apis/resource.k8s.io/v1/resourceslices",
     "resourceclaims": "/apis/resource.k8s.io/v1/resourceclaims",
     "deviceclasses": "/apis/resource.k8s.io/v1/deviceclasses",
+    # Alpha in 1.35 (feature gate DRADeviceTaints, off by default): most clusters answer 404.
+    "devicetaintrules": "/apis/resource.k8s.io/v1alpha3/devicetaintrules",
 }
 DRA_GROUP_VERSION = "resource.k8s.io/v1"
 

@@ -256,6 +256,9 @@ class DeviceIndex:
     def class_names(self) -> list[str]:
         return list(self._classes)
 
+    def taint_rule_names(self) -> list[str]:
+        return list(self._taint_rules)
+
     def named(self, namespace: str, name: str) -> tuple[str, ClaimAllocation | None] | None:
         """A claim by namespace and name: its key and allocation (None: not allocated), or None
         when the index knows no such claim."""

@@ -10,7 +10,8 @@ doubles up to ``relist_backoff_cap`` and starts again once a list has stood for
 a rebuild of every record (a 410 storm without it listed 715 times in 16 s). Meanwhile the
 state is that of the last list: readiness holds while it is younger than ``max_age``.
 Every change goes through ``ClusterState``'s own methods, the same code paths as snapshots,
-under the lock admission reads hold.
+under the lock admission reads hold. An optional resource (DeviceTaintRules, alpha) that the
+cluster does not serve, a 404, is said once and skipped: readiness stops waiting for it.
 """
 
 from __future__ import annotations
@@ -30,7 +31,15 @@ import orjson
 
 from ..kube.dra import claim_key
 from ..kube.errors import FieldError
-from .apiserver import DRA_GROUP_VERSION, MAX_EVENT_BYTES, ApiError, ApiServer, EventTooLarge, watch_lines
+from .apiserver import (
+    DRA_GROUP_VERSION,
+    MAX_EVENT_BYTES,
+    RESOURCES,
+    ApiError,
+    ApiServer,
+    EventTooLarge,
+    watch_lines,
+)
 from .devices import DeviceIndex
 from .gc_pause import collector_paused
 from .model import ClusterState, node_from, object_key, pod_record
@@ -39,6 +48,7 @@ from .storm import StormBreakers
 
 log = logging.getLogger(__name__)
 GONE = 410
+NOT_FOUND = 404
 
 
 class _Relist(Exception):
@@ -94,7 +104,11 @@ class RelistBackoff:
 
 @dataclass(frozen=True, slots=True)
 class _Kind:
-    """How one resource maps onto ClusterState: its key, and how to set or remove it."""
+    """How one resource maps onto ClusterState: its key, and how to set or remove it.
+
+    ``unserved``, where set, makes the resource optional: what a cluster that answers 404 for
+    it leaves out (said once in the log); readiness then no longer waits for it.
+    """
 
     name: str
     key: Callable[[dict], str]
@@ -102,6 +116,11 @@ class _Kind:
     store: Callable[[str, Any], None]
     drop: Callable[[str], None]
     present: Callable[[], list[str]]
+    unserved: str = ""
+
+    def not_served(self, err: Exception) -> bool:
+        """The cluster does not serve this optional resource (a 404 on its list or watch)."""
+        return bool(self.unserved) and isinstance(err, ApiError) and err.status == NOT_FOUND
 
 
 def _kinds(state: ClusterState) -> tuple[_Kind, ...]:
@@ -132,8 +151,10 @@ def _device_kinds(index: DeviceIndex) -> tuple[_Kind, ...]:
     def named(obj: dict) -> str:
         return str((obj.get("metadata") or {}).get("name") or "")
 
-    def kind(name: str, key, store, drop, present) -> _Kind:
-        return _Kind(name, key=key, build=lambda obj: obj, store=store, drop=drop, present=present)
+    def kind(name: str, key, store, drop, present, unserved: str = "") -> _Kind:
+        return _Kind(
+            name, key=key, build=lambda obj: obj, store=store, drop=drop, present=present, unserved=unserved
+        )
 
     return (
         kind(
@@ -157,6 +178,14 @@ def _device_kinds(index: DeviceIndex) -> tuple[_Kind, ...]:
             index.remove_device_class,
             index.class_names,
         ),
+        kind(
+            "devicetaintrules",
+            named,
+            lambda _, obj: index.set_taint_rule(obj),
+            index.remove_taint_rule,
+            index.taint_rule_names,
+            unserved="DeviceTaintRules are not applied to allocations",
+        ),
     )
 
 
@@ -176,7 +205,8 @@ class Informer:
         self.skipped = 0  # objects whose fields could not be read (logged, left out)
         self.oversized_events = 0  # watch events over max_event_bytes (each a watch error and a relist)
         self._synced: set[str] = set()
-        self._required = {"nodes", "pods"}  # and the DRA kinds, where served
+        # Nodes and pods, plus the DRA kinds where served; an optional kind leaves on a 404.
+        self._required = frozenset({"nodes", "pods"})
         # Per kind, the monotonic time of its last list page, event or bookmark: a dead node
         # watch must not hide behind a busy pod watch.
         self._heard: dict[str, float] = {}
@@ -235,7 +265,12 @@ class Informer:
         """List nodes and pods (and DRA objects, where served) once, without watching."""
         self._discover_devices()
         for kind in _kinds(self.state):
-            self._list(kind)
+            try:
+                self._list(kind)
+            except ApiError as err:
+                if not kind.not_served(err):
+                    raise
+                self._skip(kind)
         return self.state
 
     def wait_synced(self, timeout: float) -> bool:
@@ -254,7 +289,7 @@ class Informer:
             return
         if served:
             self.state.devices = DeviceIndex()
-            self._required = {kind.name for kind in _kinds(self.state)}
+            self._required = frozenset(kind.name for kind in _kinds(self.state))
         else:
             log.info("the cluster does not serve %s: DRA checks skipped", DRA_GROUP_VERSION)
 
@@ -263,7 +298,8 @@ class Informer:
             missing = sorted(self._required - self._synced)
             return f"the guard has not finished listing {' and '.join(missing)} from the API server"
         now = time.monotonic()
-        stalest, heard = min(self._heard.items(), key=lambda item: item[1])
+        # A copy: ``_skip`` may remove a kind from another thread meanwhile.
+        stalest, heard = min(list(self._heard.items()), key=lambda item: item[1])
         age = now - heard
         if age > self.timing.max_age:
             return (
@@ -289,6 +325,9 @@ class Informer:
             except Exception as err:
                 if self._stop.is_set():
                     break
+                if kind.not_served(err):
+                    self._skip(kind)
+                    break
                 if isinstance(err, _Relist) or (isinstance(err, ApiError) and err.status == GONE):
                     resource_version = ""
                     self.relists += 1
@@ -299,6 +338,16 @@ class Informer:
                     delay = random.uniform(0, min(timing.backoff_cap, timing.backoff_base * 2**failures))
                     log.warning("watch %s: %s; retrying in %.1f s", kind.name, err, delay)
                 self._stop.wait(delay)
+
+    def _skip(self, kind: _Kind) -> None:
+        """Stop waiting for a resource the cluster does not serve, and forget what it held (a
+        404 after a list means the API server came back without it)."""
+        log.info("the cluster does not serve %s: %s", RESOURCES[kind.name], kind.unserved)
+        self._required = self._required - {kind.name}
+        self._heard.pop(kind.name, None)
+        with self.lock:
+            for key in kind.present():
+                kind.drop(key)
 
     def _list(self, kind: _Kind) -> str:
         """A full paginated list, applied in batches of a page; what it did not return is removed.
