@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tests.fake_apiserver import Cluster, FakeApiServer
+from webhook.coordination.reservations import node_leases
 from webhook.state.apiserver import ApiServer
-from webhook.state.reservations import LeaseStore
 
 
 @pytest.fixture
@@ -15,5 +15,5 @@ def leases(tmp_path):
     cluster = Cluster()
     server = FakeApiServer(cluster)
     api = ApiServer.connect(kubeconfig=server.kubeconfig(tmp_path / "kubeconfig"))
-    yield cluster, LeaseStore(api, "admit-guard")
+    yield cluster, node_leases(api, "admit-guard")
     server.close()

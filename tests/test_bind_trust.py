@@ -14,19 +14,12 @@ import time
 import pytest
 
 from tests.builders import node, pod
-from tests.test_binding import binding, gpu_pod, pod_create, review_of, state_with
+from tests.test_binding import binding, gpu_pod, pod_create, reserve, review_of, state_with
 from webhook.binding import BindGuard
 from webhook.config import config_from_dict
+from webhook.coordination.names import MAX_FILE_NAME, MAX_OBJECT_NAME, table_file_name
+from webhook.coordination.reservations import Reservation, kept, lease_name, node_table
 from webhook.serve.app import create_app
-from webhook.state.reservations import (
-    MAX_FILE_NAME,
-    MAX_OBJECT_NAME,
-    LocalTable,
-    Reservation,
-    kept,
-    lease_name,
-    table_file_name,
-)
 from webhook.state.source import FixedState
 
 CONFIRM = {"policies": {"nodeAdmission": {"reservations": {"confirmSeconds": 2}}}}
@@ -41,7 +34,7 @@ class Clock:
 
 
 def guard_with(tmp_path, config: dict, **kwargs) -> BindGuard:
-    return BindGuard(config_from_dict(config), LocalTable(tmp_path / "table"), **kwargs)
+    return BindGuard(config_from_dict(config), node_table(tmp_path / "table"), **kwargs)
 
 
 # -- forged reviews: without an authenticated caller, a reservation must be confirmed -----------
@@ -109,7 +102,7 @@ def test_a_binding_namespace_comes_from_the_request_not_from_the_object(tmp_path
 
 
 def _unwritable_table(monkeypatch) -> None:
-    from webhook.state import reservations
+    from webhook.coordination import table as reservations
 
     def read_only(self, path, codec):
         raise OSError(errno.EROFS, "Read-only file system", str(path))
@@ -122,7 +115,7 @@ def test_a_read_only_table_still_coordinates_device_binds_through_the_lease(tmp_
     _unwritable_table(monkeypatch)
     state = state_with(node("gpu-1", extra={"nvidia.com/gpu": "1"}), gpu_pod("a"), gpu_pod("b"))
     conf = config_from_dict({})
-    guard = BindGuard(conf, LocalTable(tmp_path / "t"), store)
+    guard = BindGuard(conf, node_table(tmp_path / "t"), store)
     client = create_app(conf, FixedState(state), bind_guard=guard).test_client()
     first = client.post("/validate", json=binding("a", "gpu-1")).get_json()["response"]
     assert first["allowed"] is True and "warnings" not in first
@@ -137,7 +130,7 @@ def test_a_read_only_table_allows_an_uncoordinated_bind_unchecked_as_table_error
     _unwritable_table(monkeypatch)
     state = state_with(node("n1"), pod("a", namespace="ml", requests={"cpu": "1"}))
     conf = config_from_dict({})
-    guard = BindGuard(conf, LocalTable(tmp_path / "t"))
+    guard = BindGuard(conf, node_table(tmp_path / "t"))
     client = create_app(conf, FixedState(state), bind_guard=guard).test_client()
     response = client.post("/validate", json=binding("a", "n1")).get_json()["response"]
     assert response["allowed"] is True and "reservation table failed" in response["warnings"][0]
@@ -149,25 +142,25 @@ def test_a_damaged_table_is_rebuilt_from_the_lease_and_counted(tmp_path, leases)
     _, store = leases
     state = state_with(node("gpu-1", extra={"nvidia.com/gpu": "1"}), gpu_pod("a"), gpu_pod("b"))
     conf = config_from_dict({})
-    guard = BindGuard(conf, LocalTable(tmp_path / "t"), store)
+    guard = BindGuard(conf, node_table(tmp_path / "t"), store)
     client = create_app(conf, FixedState(state), bind_guard=guard).test_client()
     assert client.post("/validate", json=binding("a", "gpu-1")).get_json()["response"]["allowed"]
     (tmp_path / "t" / "gpu-1.table").write_bytes(b"\x07" * 64)  # garbage header and entries
     second = client.post("/validate", json=binding("b", "gpu-1")).get_json()["response"]
     assert second["allowed"] is False and second["status"]["reason"] == "OutOfnvidia.com/gpu"
-    assert [r.pod for r in LocalTable(tmp_path / "t").entries("gpu-1", time.monotonic() + 1)] == ["uid-a"]
+    assert [r.pod for r in node_table(tmp_path / "t").entries("gpu-1", time.monotonic() + 1)] == ["uid-a"]
     metrics = client.get("/metrics").get_data(as_text=True)
     assert 'admit_guard_reservation_table_trouble_total{reason="table-damaged"} 1.0' in metrics
 
 
 def _reserve_after_truncation(directory: str) -> None:
-    table = LocalTable(directory)
+    table = node_table(directory)
     for n in range(60):  # past the first page: the mapping is 8 KiB
         new = Reservation(f"uid-{n:03}", "node-1", {"cpu": 1}, (("TCP", "", 8000 + n),), time.time() + 30)
-        table.reserve(new, lambda stored: True, lambda r: True, deadline=time.monotonic() + 1)
+        reserve(table, new, lambda stored: True, lambda r: True, deadline=time.monotonic() + 1)
     os.truncate(os.path.join(directory, "node-1.table"), 0)  # by anything but the guard
     late = Reservation("uid-late", "node-1", {"cpu": 1}, (), time.time() + 30)
-    assert table.reserve(late, lambda stored: stored == [], lambda r: True, deadline=time.monotonic() + 1)
+    assert reserve(table, late, lambda stored: stored == [], lambda r: True, deadline=time.monotonic() + 1)
     os._exit(0)
 
 
@@ -181,9 +174,9 @@ def test_a_table_file_truncated_while_mapped_is_read_as_damaged_never_sigbus(tmp
 
 
 def _reserve_on_a_full_disk(directory: str, filler: str) -> None:
-    table = LocalTable(directory)
+    table = node_table(directory)
     first = Reservation("uid-a", "node-1", {"cpu": 1}, (), time.time() + 30)
-    table.reserve(first, lambda stored: True, lambda r: True, deadline=time.monotonic() + 1)
+    reserve(table, first, lambda stored: True, lambda r: True, deadline=time.monotonic() + 1)
     fill = os.open(filler, os.O_WRONLY | os.O_CREAT)
     try:  # the rest of the filesystem
         while True:
@@ -192,7 +185,8 @@ def _reserve_on_a_full_disk(directory: str, filler: str) -> None:
         os.close(fill)
     many = {f"example.com/r{i}": 1 for i in range(1000)}  # the file must grow past its page
     try:
-        table.reserve(
+        reserve(
+            table,
             Reservation("uid-b", "node-1", many, (), time.time() + 30),
             bool,
             bool,
@@ -262,7 +256,7 @@ def test_a_bind_to_a_node_with_the_longest_legal_name_is_checked_and_coordinated
     cluster, store = leases
     name = _longest_node_names()[0]
     state = state_with(node(name, extra={"nvidia.com/gpu": "1"}), gpu_pod("a"), gpu_pod("b"))
-    guard = BindGuard(config_from_dict({}), LocalTable(tmp_path / "t"), store)
+    guard = BindGuard(config_from_dict({}), node_table(tmp_path / "t"), store)
     first = guard.review(review_of(binding("a", name)), FixedState(state))
     assert first.allowed and first.fail_open is None and not first.response.get("warnings")
     second = guard.review(review_of(binding("b", name)), FixedState(state))

@@ -20,10 +20,11 @@ from tests.live_server import live_server, post_json
 from webhook.admission import VALIDATE, parse_review, review
 from webhook.binding import BindGuard
 from webhook.config import config_from_dict
+from webhook.coordination.reservations import Reservation, node_leases, node_table
+from webhook.coordination.table import LocalTable
 from webhook.serve.app import create_app
 from webhook.state import ClusterState, node_from, pod_record
 from webhook.state.apiserver import ApiServer
-from webhook.state.reservations import LeaseStore, LocalTable, Reservation
 from webhook.state.source import FixedState, Readiness, StateView
 
 SCHEDULER = "system:serviceaccount:volcano-system:volcano-scheduler"
@@ -31,6 +32,16 @@ SCHEDULER = "system:serviceaccount:volcano-system:volcano-scheduler"
 
 def gpu_pod(name: str, **kwargs) -> dict:
     return pod(name, namespace="ml", requests={"nvidia.com/gpu": "1", "cpu": "100m"}, **kwargs)
+
+
+def reserve(table: LocalTable, new: Reservation, decide, keep, *, deadline: float) -> bool:
+    """``decide`` over the node's records in the table, and store ``new`` beside the ``keep``
+    ones when it fits: one table decision, without the Leases."""
+    with table.locked(new.node, deadline) as held:
+        fits = decide(held.entries)
+        if fits:
+            held.store([*(r for r in held.entries if r.pod != new.pod and keep(r)), new])
+        return fits
 
 
 def state_with(*objects: dict) -> ClusterState:
@@ -81,7 +92,7 @@ def pod_create(obj: dict) -> dict:
 
 def client_for(state: ClusterState, tmp_path: Path, config: dict | None = None, **guard) -> object:
     conf = config_from_dict(config or {})
-    bind_guard = BindGuard(conf, LocalTable(tmp_path / "reservations"), **guard)
+    bind_guard = BindGuard(conf, node_table(tmp_path / "reservations"), **guard)
     return create_app(conf, FixedState(state), bind_guard=bind_guard).test_client()
 
 
@@ -226,13 +237,13 @@ def test_a_mirror_pod_is_neither_rechecked_nor_reserved(tmp_path):
     mirror = pod("etcd-n1", namespace="ml", node_name="n1", requests={"cpu": "1"})
     mirror["metadata"]["annotations"] = {"kubernetes.io/config.mirror": "hash"}
     assert answer(client, pod_create(mirror))["allowed"] is True
-    assert LocalTable(tmp_path / "reservations").entries("n1", time.monotonic() + 1) == []
+    assert node_table(tmp_path / "reservations").entries("n1", time.monotonic() + 1) == []
 
 
 def test_a_pod_bound_between_the_engines_verdict_and_the_reservation_still_counts(tmp_path):
     # The re-check is skipped only while the state is at the revision the engine judged it on.
     state = state_with(node("n1", cpu="1"), pod("a", namespace="ml", requests={"cpu": "1"}))
-    guard = BindGuard(config_from_dict({}), LocalTable(tmp_path / "table"))
+    guard = BindGuard(config_from_dict({}), node_table(tmp_path / "table"))
     req = parse_review(
         json.dumps(pod_create(pod("direct", namespace="ml", node_name="n1", requests={"cpu": "1"})))
     )
@@ -249,7 +260,7 @@ def test_the_api_server_down_means_allowed_with_a_warning_within_three_seconds(t
     api = ApiServer.connect(kubeconfig=server.kubeconfig(tmp_path / "kubeconfig"))
     server.close()  # nothing listens any more
     state = state_with(node("gpu-1", extra={"nvidia.com/gpu": "1"}), gpu_pod("a"))
-    client = client_for(state, tmp_path, leases=LeaseStore(api, "admit-guard"))
+    client = client_for(state, tmp_path, leases=node_leases(api, "admit-guard"))
     started = time.monotonic()
     response = answer(client, binding("a", "gpu-1"))
     assert time.monotonic() - started < 3
@@ -265,7 +276,7 @@ def test_a_device_binds_cpu_reservation_counts_for_a_cpu_only_bind(tmp_path, lea
     both = pod("a", namespace="ml", requests={"nvidia.com/gpu": "1", "cpu": "1"})
     cpu_only = pod("b", namespace="ml", requests={"cpu": "1"})
     state = state_with(node("gpu-1", cpu="1", extra={"nvidia.com/gpu": "1"}), both, cpu_only)
-    guard = BindGuard(config_from_dict({}), LocalTable(tmp_path / "local"), store)
+    guard = BindGuard(config_from_dict({}), node_table(tmp_path / "local"), store)
     assert guard.review(review_of(binding("a", "gpu-1")), FixedState(state)).allowed  # through the Lease
     second = guard.review(review_of(binding("b", "gpu-1")), FixedState(state))  # through the table
     assert not second.allowed and second.reasons == ["OutOfcpu"]
@@ -276,7 +287,7 @@ def test_a_cpu_only_binds_reservation_counts_for_a_device_bind(tmp_path, leases)
     cpu_only = pod("a", namespace="ml", requests={"cpu": "1"})
     both = pod("b", namespace="ml", requests={"nvidia.com/gpu": "1", "cpu": "1"})
     state = state_with(node("gpu-1", cpu="1", extra={"nvidia.com/gpu": "1"}), cpu_only, both)
-    guard = BindGuard(config_from_dict({}), LocalTable(tmp_path / "local"), store)
+    guard = BindGuard(config_from_dict({}), node_table(tmp_path / "local"), store)
     assert guard.review(review_of(binding("a", "gpu-1")), FixedState(state)).allowed
     second = guard.review(review_of(binding("b", "gpu-1")), FixedState(state))
     assert not second.allowed and second.reasons == ["OutOfcpu"]
@@ -300,7 +311,7 @@ class EventAfterRead:
 def test_the_winner_bound_between_reading_the_pod_and_deciding_still_counts(tmp_path):
     state = state_with(node("gpu-1", extra={"nvidia.com/gpu": "1"}), gpu_pod("a"), gpu_pod("b"))
     source = EventAfterRead(state)
-    guard = BindGuard(config_from_dict({}), LocalTable(tmp_path / "local"))
+    guard = BindGuard(config_from_dict({}), node_table(tmp_path / "local"))
     assert guard.review(review_of(binding("a", "gpu-1")), source).allowed
     source.event = lambda: state.set_pod("uid-a", pod_record(gpu_pod("a", node_name="gpu-1")))
     second = guard.review(review_of(binding("b", "gpu-1")), source)
@@ -313,24 +324,24 @@ def test_a_replica_whose_watch_lags_counts_and_keeps_the_other_replicas_reservat
     behind = state_with(node("gpu-1", extra={"nvidia.com/gpu": "1"}), gpu_pod("b"))  # has not seen a
     conf = config_from_dict({})
     assert (
-        BindGuard(conf, LocalTable(table)).review(review_of(binding("a", "gpu-1")), FixedState(ahead)).allowed
+        BindGuard(conf, node_table(table)).review(review_of(binding("a", "gpu-1")), FixedState(ahead)).allowed
     )
-    second = BindGuard(conf, LocalTable(table)).review(review_of(binding("b", "gpu-1")), FixedState(behind))
+    second = BindGuard(conf, node_table(table)).review(review_of(binding("b", "gpu-1")), FixedState(behind))
     assert not second.allowed and second.reasons == ["OutOfnvidia.com/gpu"]
-    assert [r.pod for r in LocalTable(table).entries("gpu-1", time.monotonic() + 1)] == ["uid-a"]
+    assert [r.pod for r in node_table(table).entries("gpu-1", time.monotonic() + 1)] == ["uid-a"]
 
 
 def test_a_bound_pods_reservation_stays_stored_for_replicas_that_have_not_seen_it_bound(tmp_path):
     table = tmp_path / "shared"
     state = state_with(node("gpu-1", extra={"nvidia.com/gpu": "2"}), gpu_pod("a"), gpu_pod("b"), gpu_pod("c"))
-    guard = BindGuard(config_from_dict({}), LocalTable(table))
+    guard = BindGuard(config_from_dict({}), node_table(table))
     assert guard.review(review_of(binding("a", "gpu-1")), FixedState(state)).allowed
     state.set_pod("uid-a", pod_record(gpu_pod("a", node_name="gpu-1")))
     assert guard.review(review_of(binding("b", "gpu-1")), FixedState(state)).allowed  # a counts once
-    assert [r.pod for r in LocalTable(table).entries("gpu-1", time.monotonic() + 1)] == ["uid-a", "uid-b"]
+    assert [r.pod for r in node_table(table).entries("gpu-1", time.monotonic() + 1)] == ["uid-a", "uid-b"]
     state.remove_pod("uid-a")  # deleted: its reservation ends everywhere it is seen ended
     assert guard.review(review_of(binding("c", "gpu-1")), FixedState(state)).allowed
-    assert [r.pod for r in LocalTable(table).entries("gpu-1", time.monotonic() + 1)] == ["uid-b", "uid-c"]
+    assert [r.pod for r in node_table(table).entries("gpu-1", time.monotonic() + 1)] == ["uid-b", "uid-c"]
 
 
 def test_exemptions_cover_binds_and_pods_created_with_node_name(tmp_path):
@@ -343,7 +354,7 @@ def test_exemptions_cover_binds_and_pods_created_with_node_name(tmp_path):
     review = pod_create(created)
     assert answer(client, review)["allowed"] is True
     other = config_from_dict({"exemptions": [{"namespaces": ["other"]}]})
-    guard = BindGuard(other, LocalTable(tmp_path / "other"))
+    guard = BindGuard(other, node_table(tmp_path / "other"))
     assert not guard.review(review_of(binding("late", "gpu-1")), FixedState(state)).allowed
 
 
@@ -378,7 +389,7 @@ def test_a_slow_api_server_within_the_deadline_for_each_call_is_waited_for_and_d
 
 def test_the_state_not_ready_allows_a_bind_with_a_warning_and_counts_it(tmp_path):
     conf = config_from_dict({})
-    guard = BindGuard(conf, LocalTable(tmp_path / "local"))
+    guard = BindGuard(conf, node_table(tmp_path / "local"))
 
     class Unsynced:
         @contextmanager
@@ -488,16 +499,20 @@ def test_binds_queued_behind_a_slow_but_healthy_api_server_are_decided_never_wav
 
 
 def test_the_reservation_table_keeps_a_bounded_number_of_files_open(tmp_path):
-    table = LocalTable(tmp_path / "table")
+    table = node_table(tmp_path / "table")
     before = len(os.listdir("/proc/self/fd"))
     for n in range(LocalTable.OPEN_FILES + 200):
         new = Reservation(f"uid-{n}", f"node-{n}", {"cpu": 1}, (), time.time() + 30)
-        assert table.reserve(new, lambda stored: True, lambda r: True, deadline=time.monotonic() + 1)
+        assert reserve(table, new, lambda stored: True, lambda r: True, deadline=time.monotonic() + 1)
     assert len(os.listdir("/proc/self/fd")) - before <= LocalTable.OPEN_FILES
     again = Reservation("uid-x", "node-0", {"cpu": 1}, (), time.time() + 30)
     seen: list = []
-    table.reserve(
-        again, lambda stored: seen.extend(stored) or True, lambda r: True, deadline=time.monotonic() + 1
+    reserve(
+        table,
+        again,
+        lambda stored: seen.extend(stored) or True,
+        lambda r: True,
+        deadline=time.monotonic() + 1,
     )
     assert [r.pod for r in seen] == ["uid-0"]  # a kept-open file still reads what was written
 
@@ -511,7 +526,7 @@ def _reserve_from_threads(table: LocalTable, worker: int, capacity: int, results
 
     def attempt(thread: int) -> bool:
         new = Reservation(f"uid-{worker}-{thread}", "node-1", {"cpu": 1}, (), time.time() + 30)
-        return table.reserve(new, decide, lambda r: True, deadline=time.monotonic() + 10)
+        return reserve(table, new, decide, lambda r: True, deadline=time.monotonic() + 10)
 
     with ThreadPoolExecutor(4) as pool:
         results.put(sum(pool.map(attempt, range(4))))
@@ -520,7 +535,7 @@ def _reserve_from_threads(table: LocalTable, worker: int, capacity: int, results
 def test_workers_and_threads_racing_for_a_node_never_reserve_past_its_capacity(tmp_path):
     import multiprocessing
 
-    table = LocalTable(tmp_path / "table")  # made before the fork, as gunicorn's workers get it
+    table = node_table(tmp_path / "table")  # made before the fork, as gunicorn's workers get it
     table.entries("node-1", time.monotonic() + 1)  # and used before it too
     fork = multiprocessing.get_context("fork")
     results = fork.Queue()
@@ -535,38 +550,38 @@ def test_workers_and_threads_racing_for_a_node_never_reserve_past_its_capacity(t
 
 
 def test_the_reservation_table_grows_past_its_first_page_and_reads_back_from_another_worker(tmp_path):
-    writer, reader = LocalTable(tmp_path / "table"), LocalTable(tmp_path / "table")
+    writer, reader = node_table(tmp_path / "table"), node_table(tmp_path / "table")
     assert reader.entries("node-1", time.monotonic() + 1) == []  # mapped while the file is small
     for n in range(200):  # ~100 bytes an entry: several pages
         new = Reservation(f"uid-{n:03}", "node-1", {"cpu": 1}, (("TCP", "", 8000 + n),), time.time() + 30)
-        assert writer.reserve(new, lambda stored: True, lambda r: True, deadline=time.monotonic() + 1)
+        assert reserve(writer, new, lambda stored: True, lambda r: True, deadline=time.monotonic() + 1)
     assert [r.pod for r in reader.entries("node-1", time.monotonic() + 1)] == [
         f"uid-{n:03}" for n in range(200)
     ]
 
 
 def test_a_table_whose_header_claims_more_than_the_file_holds_is_read_as_empty_and_rewritten(tmp_path):
-    table = LocalTable(tmp_path / "table")
+    table = node_table(tmp_path / "table")
     first = Reservation("uid-a", "node-1", {"cpu": 1}, (), time.time() + 30)
-    assert table.reserve(first, lambda stored: True, lambda r: True, deadline=time.monotonic() + 1)
+    assert reserve(table, first, lambda stored: True, lambda r: True, deadline=time.monotonic() + 1)
     with open(tmp_path / "table" / "node-1.table", "r+b") as damaged:
         damaged.write(struct.pack("<QQQ", 7, 24, 2**62))  # a generation no worker wrote, an absurd length
-    assert LocalTable(tmp_path / "table").entries("node-1", time.monotonic() + 1) == []
+    assert node_table(tmp_path / "table").entries("node-1", time.monotonic() + 1) == []
     second = Reservation("uid-b", "node-1", {"cpu": 1}, (), time.time() + 30)
-    assert table.reserve(second, lambda stored: True, lambda r: True, deadline=time.monotonic() + 1)
-    assert [r.pod for r in LocalTable(tmp_path / "table").entries("node-1", time.monotonic() + 1)] == [
+    assert reserve(table, second, lambda stored: True, lambda r: True, deadline=time.monotonic() + 1)
+    assert [r.pod for r in node_table(tmp_path / "table").entries("node-1", time.monotonic() + 1)] == [
         "uid-b"
     ]
     assert (tmp_path / "table" / "node-1.table").stat().st_size == 4096  # never grown to the claim
 
 
 def test_a_worker_killed_before_its_write_is_committed_leaves_the_entries_whole(tmp_path, monkeypatch):
-    from webhook.state import reservations
+    from webhook.coordination import table as reservations
 
-    table = LocalTable(tmp_path / "table")
+    table = node_table(tmp_path / "table")
     for pod_uid in ("uid-a", "uid-b"):
         new = Reservation(pod_uid, "node-1", {"cpu": 1}, (), time.time() + 30)
-        assert table.reserve(new, lambda stored: True, lambda r: True, deadline=time.monotonic() + 1)
+        assert reserve(table, new, lambda stored: True, lambda r: True, deadline=time.monotonic() + 1)
 
     class Killed(BaseException):
         pass
@@ -580,9 +595,9 @@ def test_a_worker_killed_before_its_write_is_committed_leaves_the_entries_whole(
     monkeypatch.setattr(reservations, "_HEADER", KilledBeforeTheHeader())
     late = Reservation("uid-c", "node-1", {"cpu": 1}, (), time.time() + 30)
     with pytest.raises(Killed):
-        table.reserve(late, lambda stored: True, lambda r: True, deadline=time.monotonic() + 1)
+        reserve(table, late, lambda stored: True, lambda r: True, deadline=time.monotonic() + 1)
     monkeypatch.undo()
-    stored = LocalTable(tmp_path / "table").entries("node-1", time.monotonic() + 1)
+    stored = node_table(tmp_path / "table").entries("node-1", time.monotonic() + 1)
     assert [r.pod for r in stored] == ["uid-a", "uid-b"]
 
 
@@ -597,38 +612,38 @@ def test_an_update_of_a_placed_pod_is_not_rechecked_by_the_bind_guard(tmp_path):
     review = pod_create(updated)
     review["request"].update(operation="UPDATE", oldObject=running)
     assert answer(client_for(state, tmp_path), review)["allowed"] is True
-    assert LocalTable(tmp_path / "reservations").entries("n1", time.monotonic() + 1) == []
+    assert node_table(tmp_path / "reservations").entries("n1", time.monotonic() + 1) == []
 
 
 def test_a_table_that_cannot_be_remapped_fails_that_reservation_only(tmp_path, monkeypatch):
-    from webhook.state import reservations
+    from webhook.coordination import table as reservations
 
-    table = LocalTable(tmp_path / "table")
+    table = node_table(tmp_path / "table")
     real_mmap = reservations.mmap.mmap
 
     def no_memory(*args):
         raise OSError(12, "Cannot allocate memory")
 
-    def reserve(n: int) -> bool:
+    def take(n: int) -> bool:
         new = Reservation(f"uid-{n:03}", "node-1", {"cpu": 1}, (), time.time() + 30)
-        return table.reserve(new, lambda stored: True, lambda r: True, deadline=time.monotonic() + 1)
+        return reserve(table, new, lambda stored: True, lambda r: True, deadline=time.monotonic() + 1)
 
-    assert reserve(0)  # mapped
+    assert take(0)  # mapped
     monkeypatch.setattr(reservations.mmap, "mmap", no_memory)
     with pytest.raises(OSError):
         for n in range(1, 200):  # until the file must grow
-            reserve(n)
+            take(n)
     monkeypatch.setattr(reservations.mmap, "mmap", real_mmap)
-    assert reserve(999)  # the old mapping was kept, not left closed
+    assert take(999)  # the old mapping was kept, not left closed
     assert "uid-999" in [r.pod for r in table.entries("node-1", time.monotonic() + 1)]
 
 
 def test_the_table_file_is_allocated_as_it_grows_never_sparse(tmp_path):
     # A store into an unallocated page of a mapping on a full disk is SIGBUS, not ENOSPC.
-    table = LocalTable(tmp_path / "table")
+    table = node_table(tmp_path / "table")
     many = {f"example.com/r{i}": 1 for i in range(1000)}  # ~21 kB of JSON: the file grows to 32 kB
     new = Reservation("uid-a", "node-1", many, (), time.time() + 30)
-    assert table.reserve(new, lambda stored: True, lambda r: True, deadline=time.monotonic() + 1)
+    assert reserve(table, new, lambda stored: True, lambda r: True, deadline=time.monotonic() + 1)
     info = (tmp_path / "table" / "node-1.table").stat()
     assert info.st_size == 32768 and info.st_blocks * 512 >= info.st_size
 
@@ -640,8 +655,8 @@ def test_a_filesystem_that_cannot_allocate_ahead_still_holds_the_table(tmp_path,
         raise OSError(errno.EOPNOTSUPP, "Operation not supported")
 
     monkeypatch.setattr(os, "posix_fallocate", unsupported)
-    table = LocalTable(tmp_path / "table")
+    table = node_table(tmp_path / "table")
     new = Reservation("uid-a", "node-1", {"cpu": 1}, (), time.time() + 30)
-    assert table.reserve(new, lambda stored: True, lambda r: True, deadline=time.monotonic() + 1)
-    stored = LocalTable(tmp_path / "table").entries("node-1", time.monotonic() + 1)
+    assert reserve(table, new, lambda stored: True, lambda r: True, deadline=time.monotonic() + 1)
+    stored = node_table(tmp_path / "table").entries("node-1", time.monotonic() + 1)
     assert [r.pod for r in stored] == ["uid-a"]

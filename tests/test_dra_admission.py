@@ -7,12 +7,13 @@ import copy
 
 from tests.builders import node, pod
 from tests.dra_builders import claim, gpus, resource_slice, result
-from webhook.allocation import IN_FLIGHT, AllocationGuard
+from webhook.allocation import AllocationGuard
 from webhook.config import config_from_dict
+from webhook.coordination.allocations import pool_table
+from webhook.coordination.reservations import node_table
 from webhook.serve.app import create_app
 from webhook.state import ClusterState, node_from
 from webhook.state.devices import index_of
-from webhook.state.reservations import LocalTable
 from webhook.state.source import FixedState
 
 SCHEDULER = "system:serviceaccount:kube-system:kube-scheduler"
@@ -59,7 +60,7 @@ def status_update(new: dict, *, user: str = SCHEDULER, dry_run: bool = False, ve
 
 def client_for(state: ClusterState, tmp_path, config: dict | None = None, **kwargs):
     conf = config_from_dict(config or {})
-    guard = AllocationGuard(conf, LocalTable(tmp_path / "allocations", IN_FLIGHT), **kwargs)
+    guard = AllocationGuard(conf, pool_table(tmp_path / "allocations"), **kwargs)
     return create_app(conf, FixedState(state), allocation_guard=guard).test_client()
 
 
@@ -235,7 +236,7 @@ def test_a_bind_of_a_pod_whose_claim_is_allocated_for_another_node_is_denied(tmp
     )
     state.set_pod("uid-trainer", pod_record(trainer))
     state.devices.set_claim(claim("mine", namespace="ml", results=[result("gpu-1")], node="node-1"))
-    guard = BindGuard(config_from_dict({}), LocalTable(tmp_path / "t"))
+    guard = BindGuard(config_from_dict({}), node_table(tmp_path / "t"))
     denied = guard.review(review_of(binding("trainer", "node-2", uid="uid-trainer")), FixedState(state))
     assert not denied.allowed and denied.reasons == ["FailedPrepareDynamicResources"]
     assert guard.review(review_of(binding("trainer", "node-1", uid="uid-trainer")), FixedState(state)).allowed
@@ -288,8 +289,8 @@ def test_a_read_only_allocation_table_still_coordinates_through_the_pools_lease(
 ):
     import errno
 
-    from webhook.allocation import allocation_stores
-    from webhook.state import reservations
+    from webhook.coordination import table as reservations
+    from webhook.coordination.allocations import pool_leases
 
     _, store = leases
 
@@ -298,7 +299,7 @@ def test_a_read_only_allocation_table_still_coordinates_through_the_pools_lease(
 
     monkeypatch.setattr(reservations._TableFile, "__init__", read_only)
     conf = config_from_dict({})
-    table, pool_leases = allocation_stores(tmp_path / "t", store.api, "admit-guard")
+    table, pool_leases = pool_table(tmp_path / "t"), pool_leases(store.api, "admit-guard")
     guard = AllocationGuard(conf, table, pool_leases)
     client = create_app(conf, FixedState(one_gpu_left()), allocation_guard=guard).test_client()
     first = answer(client, status_update(claim("a", namespace="ml", results=[result("gpu-1")])))

@@ -20,12 +20,12 @@ from tests.fake_apiserver import Cluster, FakeApiServer
 from tests.live_server import live_server, post_json
 from tests.test_dra_admission import answer, status_update
 from tests.test_informer import eventually
-from webhook.allocation import IN_FLIGHT, AllocationGuard
+from webhook.allocation import AllocationGuard
 from webhook.config import config_from_dict
+from webhook.coordination.allocations import IN_FLIGHT, pool_leases, pool_table
 from webhook.serve.app import create_app
 from webhook.state.apiserver import ApiServer
 from webhook.state.informer import Informer, Timing, live_snapshot
-from webhook.state.reservations import LocalTable
 from webhook.state.snapshot import load_snapshot
 from webhook.state.source import FixedState
 
@@ -123,7 +123,7 @@ def watching(cluster: Cluster, tmp_path):
 def verdict(source, directory, review: dict) -> dict:
     """The guard's answer to ``review`` with ``source`` as its state (a fresh allocation table)."""
     conf = config_from_dict({})
-    guard = AllocationGuard(conf, LocalTable(directory, IN_FLIGHT))
+    guard = AllocationGuard(conf, pool_table(directory))
     return answer(create_app(conf, source, allocation_guard=guard).test_client(), copy.deepcopy(review))
 
 
@@ -233,7 +233,7 @@ def test_twelve_concurrent_allocations_of_the_last_gpu_over_two_guards_allow_exa
 
 def test_the_api_server_down_answers_an_allocation_within_three_seconds_allowed_with_a_warning(tmp_path):
     from tests.test_dra_admission import one_gpu_left
-    from webhook.allocation import IN_FLIGHT, AllocationGuard, allocation_stores
+    from webhook.allocation import AllocationGuard
     from webhook.config import config_from_dict
     from webhook.serve.app import create_app
     from webhook.state.source import FixedState
@@ -241,7 +241,7 @@ def test_the_api_server_down_answers_an_allocation_within_three_seconds_allowed_
     server = FakeApiServer(Cluster())
     api = ApiServer.connect(kubeconfig=server.kubeconfig(tmp_path / "kubeconfig"))
     server.close()  # nothing listens any more
-    table, leases = allocation_stores(tmp_path / "t", api, "admit-guard")
+    table, leases = pool_table(tmp_path / "t"), pool_leases(api, "admit-guard")
     assert table.codec is IN_FLIGHT
     conf = config_from_dict({})
     client = create_app(

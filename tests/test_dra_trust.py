@@ -11,10 +11,14 @@ import pytest
 
 from tests.dra_builders import claim, gpus, resource_slice, result
 from tests.test_dra_admission import answer, one_gpu_left, state_with, status_update
-from webhook.allocation import ANNOTATION, IN_FLIGHT, POOL_LEASE_PREFIX, AllocationGuard, allocation_stores
+from webhook.allocation import AllocationGuard
 from webhook.config import config_from_dict
+from webhook.coordination.allocations import ANNOTATION, POOL_LEASE_PREFIX, pool_leases, pool_table
+from webhook.coordination.budget import Budget
+from webhook.coordination.lease import LeaseStore, collect_ended
+from webhook.coordination.names import bounded_name
+from webhook.coordination.reservations import node_table
 from webhook.serve.app import create_app
-from webhook.state.reservations import Budget, LeaseStore, LocalTable, bounded_name
 from webhook.state.source import FixedState
 
 POOL_LEASE = bounded_name(POOL_LEASE_PREFIX, "gpu.example.com/node-1", 253)
@@ -30,10 +34,10 @@ def claim_at(name: str, version: str, **kwargs) -> dict:
 def guard_client(state, tmp_path, config: dict | None = None, leases=None, **kwargs):
     conf = config_from_dict(config or {})
     if leases is not None:
-        table, pool_leases = allocation_stores(tmp_path / "t", leases.api, "admit-guard")
+        table, stores = pool_table(tmp_path / "t"), pool_leases(leases.api, "admit-guard")
     else:
-        table, pool_leases = LocalTable(tmp_path / "allocations", IN_FLIGHT), None
-    guard = AllocationGuard(conf, table, pool_leases, **kwargs)
+        table, stores = pool_table(tmp_path / "allocations"), None
+    guard = AllocationGuard(conf, table, stores, **kwargs)
     return create_app(conf, FixedState(state), allocation_guard=guard).test_client()
 
 
@@ -101,7 +105,7 @@ def test_a_reservation_counts_while_the_watch_has_not_shown_the_pods_update_befo
 
     a, b = gpu_pod("a"), gpu_pod("b")
     state = pods_state(node("gpu-1", extra={"nvidia.com/gpu": "1"}), a, b)
-    guard = BindGuard(config_from_dict({}), LocalTable(tmp_path / "t"))
+    guard = BindGuard(config_from_dict({}), node_table(tmp_path / "t"))
     assert guard.review(review_of(binding("a", "gpu-1")), FixedState(state)).allowed
     touched = copy.deepcopy(a)
     touched["metadata"]["labels"] = {"touched": "yes"}
@@ -285,7 +289,7 @@ def test_an_allocation_with_more_results_than_the_api_allows_is_denied_without_w
 
 
 def test_a_pool_lease_whose_last_record_ended_is_deleted(tmp_path, leases):
-    from webhook.allocation import collect_leases
+    from webhook.coordination.allocations import kept
 
     cluster, store = leases
     now = [time.time()]
@@ -294,11 +298,11 @@ def test_a_pool_lease_whose_last_record_ended_is_deleted(tmp_path, leases):
     client = guard_client(state, tmp_path, leases=store, clock=lambda: now[0])
     assert answer(client, wants("a", "gpu-1", version="41"))["allowed"]
     assert len(cluster.leases) == 1
-    _, pool_leases = allocation_stores(tmp_path / "t", store.api, "admit-guard")
-    assert collect_leases(pool_leases, FixedState(state), now[0]) == 0  # still in flight
+    pools = pool_leases(store.api, "admit-guard")
+    assert collect_ended(pools, kept, FixedState(state), now[0]) == 0  # still in flight
     state.devices.set_claim(claim_at("a", "42", results=[result("gpu-1")]))
     state.devices.set_claim(claim_at("a", "43"))  # landed, then deallocated
-    assert collect_leases(pool_leases, FixedState(state), now[0]) == 1
+    assert collect_ended(pools, kept, FixedState(state), now[0]) == 1
     assert cluster.leases == {} and cluster.lease_deletes == 1
 
 
@@ -345,7 +349,6 @@ def test_a_pool_lost_to_a_sibling_after_others_were_written_is_undone_in_those_o
     """Between this decision's read of pool node-2 and its write, a sibling on another replica
     records gpu-0 of node-2 for its own claim: the write gets 409, the allocation is judged
     again and denied, and its record in node-1 (already written) is taken out."""
-    from webhook.state.reservations import LeaseStore
 
     cluster, store = leases
     state = three_pools()
@@ -381,14 +384,12 @@ def test_a_pool_lost_to_a_sibling_after_others_were_written_is_undone_in_those_o
 
 
 def test_the_servers_collector_deletes_node_and_pool_leases_whose_records_ended_and_keeps_the_rest(leases):
-    from webhook.allocation import kept as allocation_kept
+    from webhook.coordination.allocations import kept as allocation_kept
+    from webhook.coordination.reservations import Reservation, kept, lease_name
     from webhook.serve.lease_collector import LeaseCollector
-    from webhook.state.reservations import Reservation, kept, lease_name
 
     cluster, store = leases
-    pools = LeaseStore(
-        store.api, "admit-guard", prefix=POOL_LEASE_PREFIX, annotation=ANNOTATION, codec=IN_FLIGHT
-    )
+    pools = pool_leases(store.api, "admit-guard")
     now = time.time()
     ended = Reservation("uid-gone", "node-1", {"cpu": 1000}, (), now - 1)
     live = Reservation("uid-live", "node-2", {"cpu": 1000}, (), now + 60)

@@ -10,11 +10,11 @@ import pytest
 
 from tests.test_storm import owned, rejected
 from webhook.config import config_from_dict
+from webhook.coordination.probes import shared_probes
 from webhook.serve.app import create_app
 from webhook.state import ClusterState
 from webhook.state.source import FixedState
 from webhook.state.storm import CLOSED, HALF_OPEN, StormBreakers
-from webhook.state.storm_probes import shared_probes
 
 COOLDOWN = 10.0
 

@@ -22,46 +22,35 @@ from fnmatch import fnmatchcase
 from .admission import AdmissionRequest, Outcome, ReviewError
 from .checks import Failure, PodUnderReview, kubelet_admission
 from .config import Config
+from .coordination.budget import Budget, Busy, DeadlineExceeded
+from .coordination.lease import LeaseStore
+from .coordination.reservations import Reservation, counts, kept, usage_with
+from .coordination.table import LocalTable
+from .coordination.transaction import (
+    API_ERROR,
+    BUSY,
+    DEADLINE,
+    NODE_UNKNOWN,
+    POD_UNKNOWN,
+    STATE_UNAVAILABLE,
+    TABLE_ERROR,
+    WAITED,
+    Records,
+    TableFailed,
+    Transaction,
+)
 from .engine import Decision, Violation
 from .policies import device_allocation
 from .policies.device_scheduler import REASON as MIXED
 from .policies.device_scheduler import bind_message, node_conflicts
 from .state.apiserver import ApiError
 from .state.model import ClusterState, Node, PodRecord, is_mirror
-from .state.reservations import (
-    Budget,
-    Busy,
-    DeadlineExceeded,
-    Decide,
-    HeldTable,
-    Keep,
-    LeaseStore,
-    LocalTable,
-    Reservation,
-    counts,
-    kept,
-    merged,
-    usage_with,
-)
 from .state.source import StateSource
 
 POLICY = "nodeAdmission"
 DEVICE_POLICY = "deviceScheduler"  # a bind that brings a second scheduler's device pod to a node
-# Why a bind was allowed unchecked: a closed set, for the metric.
-POD_UNKNOWN, STATE_UNAVAILABLE, NODE_UNKNOWN, API_ERROR, DEADLINE, TABLE_ERROR, WAITED = (
-    "pod-unknown",
-    "state-unavailable",
-    "node-unknown",
-    "api-error",
-    "deadline",
-    "table-error",
-    "busy",  # warn and audit modes only: enforce denies a bind that waited too long
-)
-# What went wrong with the replica's reservation table (a metric of its own): it could not be
-# used, or it was found damaged and rebuilt from the Lease and the state.
-TABLE_DAMAGED = "table-damaged"
-# Sibling decisions on the same node outlasted ``reservations.waitSeconds``: denied, retried.
-BUSY = "ReservationBusy"
+# A reservation is stored under its node.
+RESERVATION_RECORDS = Records("reservation", identity=lambda r: r.pod, keys=lambda r: (r.node,))
 
 
 # The state a verdict was reached on, and its revision then.
@@ -240,7 +229,7 @@ class BindGuard:
         judged: Judged | None = None,
     ) -> Outcome:
         settings = self.config.node_admission.reservations
-        budget = Budget.start(settings.wait_seconds, settings.deadline_seconds, settings.budget_seconds)
+        budget = Budget.of(settings)
         now = self.clock()
         unsafe = self.config.node_admission.unsafe_sysctls_for(node.labels)
         confirm = None if verified else settings.confirm_seconds
@@ -263,9 +252,18 @@ class BindGuard:
                 failures[:] = kubelet_admission(pod, node, usage, unsafe)
             return not failures or mode in ("warn", "audit")
 
-        stores = _Stores(self.local, self.leases, new, decide, lambda r: r.pod not in dropped, budget)
+        transaction = Transaction(
+            RESERVATION_RECORDS, self.local, self.leases, budget, lambda: Budget.of(settings)
+        )
         try:
-            stores.decide(coordinated=self._coordinated(pod.record), write=not req.dry_run)
+            transaction.run(
+                [node.name],
+                new,
+                decide,
+                lambda r: r.pod not in dropped,
+                coordinated=self._coordinated(pod.record),
+                write=not req.dry_run,
+            )
         except _StateGone as err:
             return _unchecked(outcome, STATE_UNAVAILABLE, f"{pod_name} to {node.name}: {err}")
         except Busy as err:
@@ -274,10 +272,10 @@ class BindGuard:
             return _unchecked(outcome, DEADLINE, f"{pod_name} to {node.name}: {err}")
         except ApiError as err:
             return _unchecked(outcome, API_ERROR, f"{pod_name} to {node.name}: {err}")
-        except _TableFailed as err:
+        except TableFailed as err:
             return _unchecked(outcome, TABLE_ERROR, f"{pod_name} to {node.name}: {err}")
         finally:
-            outcome.table_trouble = stores.trouble
+            outcome.table_trouble = transaction.trouble
         if not failures:
             return outcome
         who = (
@@ -379,82 +377,6 @@ def _claims_elsewhere(
 
 class _StateGone(Exception):
     """The state became unavailable between reading the pod and deciding."""
-
-
-class _TableFailed(Exception):
-    """The replica's table failed and no Lease coordinates this pod: nothing held the decision."""
-
-
-class _Stores:
-    """One decision over the replica's table and, for coordinated pods, the node's Lease.
-
-    The table is locked first and stays locked while the Lease is read and written, so the
-    replica's siblings queue for the node instead of racing through the API server. A denial
-    from the table's entries alone needs no round trip. The table afterwards holds what was
-    decided and what the Lease showed, for the siblings that waited. A table that fails does
-    not stop coordination: coordinated pods go through the Lease alone (counted as
-    ``table-error``); a damaged one is rebuilt from the Lease (``table-damaged``).
-    """
-
-    def __init__(
-        self,
-        local: LocalTable | None,
-        leases: LeaseStore | None,
-        new: Reservation,
-        decide: Decide,
-        keep: Keep,
-        budget: Budget,
-    ) -> None:
-        self.local, self.leases, self.new = local, leases, new
-        self.decide_over, self.keep, self.budget = decide, keep, budget
-        self.trouble: str | None = None
-
-    def decide(self, *, coordinated: bool, write: bool) -> bool:
-        if self.local is None:
-            return self._through_lease([], coordinated, write, coordinated)[0]
-        try:
-            with self.local.locked(self.new.node, self.budget.wait_until) as held:
-                return self._with_table(held, coordinated, write)
-        except OSError as err:
-            self.trouble = TABLE_ERROR
-            if not coordinated or self.leases is None:
-                raise _TableFailed(f"the reservation table failed: {err}") from None
-            return self._through_lease([], True, write, True)[0]
-
-    def _with_table(self, held: HeldTable, coordinated: bool, write: bool) -> bool:
-        if held.damaged:
-            self.trouble = TABLE_DAMAGED
-        fits, leased = self._through_lease(held.entries, coordinated or held.damaged, write, coordinated)
-        known = merged(held.entries, leased or [])
-        if fits and write:
-            wanted = [*(r for r in known if r.pod != self.new.pod and self.keep(r)), self.new]
-        elif leased is not None or held.damaged:
-            wanted = [r for r in known if self.keep(r)]
-        else:
-            return fits
-        if held.damaged or [r.pod for r in wanted] != [r.pod for r in held.entries]:
-            try:
-                held.store(wanted)
-            except OSError:
-                self.trouble = TABLE_ERROR  # decided all the same: the Lease holds what must be shared
-        return fits
-
-    def _through_lease(
-        self, local: list[Reservation], read: bool, write: bool, coordinated: bool
-    ) -> tuple[bool, list[Reservation] | None]:
-        """The verdict, and the Lease's entries when it was read. A denial by the local entries
-        alone is final: the Lease could only add reservations."""
-        if not self.decide_over(local):
-            return False, None
-        if not read or self.leases is None:
-            return True, None
-        return self.leases.reserve(
-            self.new,
-            lambda leased: self.decide_over(merged(local, leased)),
-            self.keep,
-            write=write and coordinated,
-            budget=self.budget,
-        )
 
 
 def _mixing(record: PodRecord, node: Node, state: ClusterState, config: Config, pod_name: str) -> str | None:

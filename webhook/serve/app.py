@@ -23,10 +23,10 @@ from ..admission import MUTATE, VALIDATE, AdmissionRequest, Outcome, ReviewError
 from ..allocation import AllocationGuard
 from ..binding import BindGuard, binding_target, is_binding
 from ..config import Config
+from ..coordination.probes import SharedProbes
 from ..kube.rejection import controller_owner
 from ..state.source import StateSource
 from ..state.storm import StormBreakers
-from ..state.storm_probes import SharedProbes
 from .decision_log import flush_decision_lines, line_writer, log_lines_in_background
 from .limits import MAX_BODY_BYTES
 from .metrics import Metrics

@@ -16,9 +16,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..coordination.budget import Busy, DeadlineExceeded
+from ..coordination.lease import LeaseStore, collect_ended
 from ..state.apiserver import ApiError
 from ..state.model import ClusterState
-from ..state.reservations import Busy, DeadlineExceeded, LeaseStore, collect_ended
 from ..state.source import StateSource
 
 log = logging.getLogger(__name__)

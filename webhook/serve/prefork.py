@@ -65,36 +65,35 @@ def worker_app(
 ) -> Callable[[], Any]:
     """The factory each worker calls after the fork. A live ``origin`` gives every worker its
     own informer and Leases; else ``state``, the snapshot loaded before the fork, is shared."""
-    from ..allocation import AllocationGuard, allocation_stores
-    from ..allocation import kept as allocation_kept
+    from ..allocation import AllocationGuard
     from ..binding import BindGuard
+    from ..coordination import allocations as in_flight
+    from ..coordination import reservations as binds
+    from ..coordination.probes import shared_probes
     from ..state.informer import Informer, Timing
-    from ..state.reservations import LeaseStore, LocalTable
-    from ..state.reservations import kept as reservation_kept
     from ..state.source import FixedState
     from ..state.storm import StormBreakers
-    from ..state.storm_probes import shared_probes
     from .app import create_app
     from .lease_collector import COLLECT_SECONDS, LeaseCollector
 
     waits = config.node_admission.reservations
 
     def app():
-        local = LocalTable(reservations)
+        local = binds.node_table(reservations)
         api = origin.connect() if origin.live else None
         namespace = guard_namespace(config)
         probes = shared_probes(
             reservations / "storm", api, namespace, waits.wait_seconds, waits.deadline_seconds
         )
-        table, pool_leases = allocation_stores(reservations / "allocations", api, namespace)
-        allocations = AllocationGuard(config, table, pool_leases)
+        pool_leases = in_flight.pool_leases(api, namespace) if api is not None else None
+        allocations = AllocationGuard(config, in_flight.pool_table(reservations / "allocations"), pool_leases)
         if origin.live:
             storm = StormBreakers.from_config(config.storm_breaker)
             source = Informer(origin.connect(), Timing(max_age=max_state_age), storm).start()
-            source_name, leases = "informer", LeaseStore(api, namespace)
+            source_name, leases = "informer", binds.node_leases(api, namespace)
             LeaseCollector(
                 source,
-                [(leases, reservation_kept), (pool_leases, allocation_kept)],
+                [(leases, binds.kept), (pool_leases, in_flight.kept)],
                 interval=max(COLLECT_SECONDS, 2 * waits.ttl_seconds),
             ).start()
         else:

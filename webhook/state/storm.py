@@ -18,10 +18,11 @@ pod of the owner seen Running while half-open → closed.
 
 Agreement. Rejections reach every worker alike, but a probe is admitted by one worker, and only
 it would know to double the cool-down when the probe is rejected, or to close on a Running pod.
-So the probe slot is shared (``storm_probes.SharedProbes``): a worker whose breaker would admit a probe first
-claims the slot in the replica's table and, across replicas, in a Lease per open breaker (etcd
-is the arbiter), adopting what the others did (``adopt``): a probe out, rejected, or run. Exactly
-one probe passes per half-open period, cluster-wide, and every worker's cool-down is the same.
+So the probe slot is shared (``coordination.probes.SharedProbes``): a worker whose breaker would
+admit a probe first claims the slot in the replica's table and, across replicas, in a Lease per
+open breaker (etcd is the arbiter), adopting what the others did (``adopt``): a probe out,
+rejected, or run. Exactly one probe passes per half-open period, cluster-wide, and every
+worker's cool-down is the same.
 """
 
 from __future__ import annotations

@@ -9,9 +9,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from .apiserver import ApiError
-from .reservations import Budget, Busy, Codec, DeadlineExceeded, LeaseStore, LocalTable
-from .storm import ProbeSlot, StormBreakers
+from ..state.apiserver import ApiError
+from ..state.storm import ProbeSlot, StormBreakers
+from .budget import Budget, Busy, DeadlineExceeded
+from .lease import LeaseStore
+from .table import Codec, LocalTable
 
 log = logging.getLogger(__name__)
 
