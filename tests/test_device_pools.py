@@ -315,3 +315,47 @@ def test_allocators_are_read_per_driver_glob():
         ConfigError, match=r"policies.deviceScheduler.allocators.gpu.nvidia.com: must be a list"
     ):
         config(allocators={"gpu.nvidia.com": "volcano"})
+
+
+def test_two_binds_of_two_schedulers_device_pods_to_a_node_without_device_pods_mix_schedulers(tmp_path):
+    """Nothing configured, no device pod on gpu-1 yet: the first bind (volcano's) is allowed and
+    recorded with its scheduler; the second, default-scheduler's, an instant later and before
+    the watch shows the first, is MixedDeviceScheduler (issue 29 item 9)."""
+    from webhook.coordination.reservations import node_table
+
+    state = state_with(gpu_node("gpu-1"), gpu_pod("a", scheduler="volcano"), gpu_pod("b"))
+    guard = BindGuard(config(), node_table(tmp_path / "t"))
+    first = guard.review(parse_review(_json(binding("a", "gpu-1"))), FixedState(state))
+    assert first.allowed
+    second = guard.review(parse_review(_json(binding("b", "gpu-1"))), FixedState(state))
+    assert not second.allowed and second.reasons == ["MixedDeviceScheduler"]
+    message = second.response["status"]["message"]
+    assert "volcano (a bind allowed and not yet in the guard's watch)" in message
+    same = state_with(gpu_node("gpu-1"), gpu_pod("a", scheduler="volcano"), gpu_pod("c", scheduler="volcano"))
+    guard = BindGuard(config(), node_table(tmp_path / "u"))
+    assert guard.review(parse_review(_json(binding("a", "gpu-1"))), FixedState(same)).allowed
+    assert guard.review(parse_review(_json(binding("c", "gpu-1"))), FixedState(same)).allowed
+
+
+def test_a_bind_in_flight_of_another_scheduler_mixes_across_replicas_through_the_nodes_lease(
+    tmp_path, leases
+):
+    from webhook.coordination.reservations import node_table
+
+    _, store = leases
+    state = state_with(gpu_node("gpu-1"), gpu_pod("a", scheduler="volcano"), gpu_pod("b"))
+    one = BindGuard(config(), node_table(tmp_path / "one"), store)
+    other = BindGuard(config(), node_table(tmp_path / "other"), store)
+    assert one.review(parse_review(_json(binding("a", "gpu-1"))), FixedState(state)).allowed
+    second = other.review(parse_review(_json(binding("b", "gpu-1"))), FixedState(state))
+    assert not second.allowed and second.reasons == ["MixedDeviceScheduler"]
+
+
+def test_a_bind_in_flight_of_another_scheduler_is_only_a_warning_in_warn_mode(tmp_path):
+    from webhook.coordination.reservations import node_table
+
+    state = state_with(gpu_node("gpu-1"), gpu_pod("a", scheduler="volcano"), gpu_pod("b"))
+    guard = BindGuard(config(mode="warn"), node_table(tmp_path / "t"))
+    assert guard.review(parse_review(_json(binding("a", "gpu-1"))), FixedState(state)).allowed
+    second = guard.review(parse_review(_json(binding("b", "gpu-1"))), FixedState(state))
+    assert second.allowed and any("MixedDeviceScheduler" in w for w in second.response["warnings"])

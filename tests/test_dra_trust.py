@@ -400,3 +400,61 @@ def test_the_servers_collector_deletes_node_and_pool_leases_whose_records_ended_
     collector = LeaseCollector(FixedState(state), [(store, kept), (pools, allocation_kept)], interval=60)
     assert collector.run_once() == 1
     assert set(name for _, name in cluster.leases) == {lease_name("node-2"), "unrelated"}
+
+
+# -- a rolling update: the previous version's replicas and the new ones coordinate -------------------
+
+PREVIOUS_ALLOCATION_RECORD = (
+    '[{"claim":"uid-ml-old","version":"41","record":{"metadata":{"namespace":"ml","name":"old",'
+    '"uid":"uid-ml-old"},"status":{"allocation":{"devices":{"results":[{"device":"gpu-1",'
+    '"driver":"gpu.example.com","pool":"node-1","request":"gpu"}]},"nodeSelector":{"nodeSelectorTerms":'
+    '[{"matchFields":[{"key":"metadata.name","operator":"In","values":["node-1"]}]}]}}}},'
+    '"expires":%f,"confirmBy":%f}]'
+)
+
+
+def test_a_previous_versions_allocation_record_in_a_pools_lease_holds_its_device(tmp_path, leases):
+    cluster, store = leases
+    later = time.time() + 60
+    cluster.leases[("admit-guard", POOL_LEASE)] = {
+        "metadata": {"name": POOL_LEASE, "namespace": "admit-guard", "resourceVersion": "5",
+                     "annotations": {ANNOTATION: PREVIOUS_ALLOCATION_RECORD % (later, later)}},
+    }  # fmt: skip
+    client = guard_client(one_gpu_left(), tmp_path, leases=store)
+    denied = answer(client, wants("b", "gpu-1"))
+    assert denied["allowed"] is False and "ml/old" in denied["status"]["message"]
+
+
+def test_the_new_records_read_as_the_previous_version_reads_them(tmp_path, leases):
+    """The previous version took a record's devices with ``claim_allocation_from(record)`` and a
+    reservation's with ``pod``, ``node``, ``requests``, ``hostPorts``, ``expires``."""
+    from webhook.kube.dra import claim_allocation_from
+
+    cluster, store = leases
+    client = guard_client(one_gpu_left(), tmp_path, leases=store)
+    assert answer(client, wants("a", "gpu-1"))["allowed"]
+    [entry] = orjson.loads(cluster.leases[("admit-guard", POOL_LEASE)]["metadata"]["annotations"][ANNOTATION])
+    key, allocation = claim_allocation_from(entry["record"])
+    assert key == "uid-ml-a" and [r.key for r in allocation.results] == [
+        ("gpu.example.com", "node-1", "gpu-1")
+    ]
+    assert {"claim", "version", "record", "expires"} <= set(entry)
+
+
+def test_a_previous_versions_reservation_without_a_scheduler_still_holds_capacity():
+    from webhook.coordination.reservations import Reservation
+
+    old = {
+        "pod": "uid-a",
+        "node": "gpu-1",
+        "requests": {"nvidia.com/gpu": 1},
+        "hostPorts": [],
+        "expires": 9e9,
+    }
+    reservation = Reservation.from_json(old)
+    assert (
+        reservation is not None
+        and reservation.scheduler == ""
+        and reservation.requests == {"nvidia.com/gpu": 1}
+    )
+    assert set(old) <= set(Reservation.from_json({**old, "scheduler": "volcano"}).as_json())

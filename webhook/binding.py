@@ -23,7 +23,7 @@ from .admission import AdmissionRequest, Outcome, ReviewError
 from .checks import Failure, PodUnderReview, kubelet_admission
 from .config import Config
 from .coordination.budget import Budget, Busy, DeadlineExceeded
-from .coordination.lease import LeaseStore
+from .coordination.lease import LeaseFull, LeaseStore
 from .coordination.reservations import Reservation, counts, kept, usage_with
 from .coordination.table import LocalTable
 from .coordination.transaction import (
@@ -158,7 +158,16 @@ class BindGuard:
         if checks_node:
             pod = PodUnderReview(record.pending.metadata, record.pending.spec, record)
             outcome = self._reserve_or_deny(
-                outcome, source, pod, node, req, pod_name, mode, verified, created=False
+                outcome,
+                source,
+                pod,
+                node,
+                req,
+                pod_name,
+                mode,
+                verified,
+                created=False,
+                rivals_mode=device_mode if mixing is None else "off",  # already said
             )
         if mixing is not None and device_mode == "audit":
             outcome.decision = outcome.decision or Decision()
@@ -227,7 +236,10 @@ class BindGuard:
         *,
         created: bool,
         judged: Judged | None = None,
+        rivals_mode: str = "off",
     ) -> Outcome:
+        """``rivals_mode``: deviceScheduler's mode for binds in flight of other schedulers' device
+        pods to the node (two binds to a node with no device pod yet, in the same instant)."""
         settings = self.config.node_admission.reservations
         budget = Budget.of(settings)
         now = self.clock()
@@ -235,6 +247,7 @@ class BindGuard:
         confirm = None if verified else settings.confirm_seconds
         new = Reservation.of(pod.record, node.name, settings.ttl_seconds, now, confirm)
         failures: list[Failure] = []
+        rivals: list[str] = []  # why binds in flight make this one mix device schedulers
         dropped: set[str] = set()  # entries of pods that ended or expired: not written back
 
         def decide(stored: list[Reservation]) -> bool:
@@ -246,6 +259,9 @@ class BindGuard:
                     raise _StateGone(view.unavailable or "no state")
                 dropped.update(r.pod for r in entries if not kept(r, view.state, now))
                 held = [r for r in entries if counts(r, view.state, now)]
+                rivals[:] = self._rivals(pod.record, node, view.state, held, pod_name, rivals_mode)
+                if rivals and rivals_mode in ("enforce", "fix"):
+                    return False
                 if not held and judged is not None and judged == (view.state, view.state.revision):
                     return True  # the engine's verdict, on the same state
                 usage = usage_with(view.state.usage(node.name), held)
@@ -266,7 +282,7 @@ class BindGuard:
             )
         except _StateGone as err:
             return _unchecked(outcome, STATE_UNAVAILABLE, f"{pod_name} to {node.name}: {err}")
-        except Busy as err:
+        except (Busy, LeaseFull) as err:
             return self._busy(outcome, mode, pod_name, node.name, created, str(err), settings.wait_seconds)
         except DeadlineExceeded as err:
             return _unchecked(outcome, DEADLINE, f"{pod_name} to {node.name}: {err}")
@@ -276,6 +292,15 @@ class BindGuard:
             return _unchecked(outcome, TABLE_ERROR, f"{pod_name} to {node.name}: {err}")
         finally:
             outcome.table_trouble = transaction.trouble
+        if rivals:
+            if rivals_mode in ("enforce", "fix"):  # a bind cannot be repaired, only refused
+                return _deny(outcome, MIXED, rivals[0], node=node.name, policy=DEVICE_POLICY)
+            if rivals_mode == "warn":
+                outcome.response.setdefault("warnings", []).append(f"[{DEVICE_POLICY}] {MIXED}: {rivals[0]}")
+            else:
+                outcome.decision = outcome.decision or Decision()
+                outcome.decision.audited.append(Violation(DEVICE_POLICY, MIXED, rivals[0], node.name))
+                outcome.reasons = [*(outcome.reasons or []), MIXED]
         if not failures:
             return outcome
         who = (
@@ -331,6 +356,23 @@ class BindGuard:
         return namespace in self.config.excluded_namespaces or self.config.exempts(
             POLICY, namespace, req.user, req.groups
         )
+
+    def _rivals(
+        self,
+        record: PodRecord,
+        node: Node,
+        state: ClusterState,
+        held: list[Reservation],
+        pod_name: str,
+        mode: str,
+    ) -> list[str]:
+        """Why the binds in flight to ``node`` (``held``) make this bind mix device schedulers."""
+        if mode == "off" or not held:
+            return []
+        in_flight = [(r.scheduler, r.requests) for r in held]
+        device = self.config.device_scheduler
+        conflicts = node_conflicts(record.requests, record.scheduler, node, state, device, in_flight)
+        return [bind_message(pod_name, record.scheduler, node.name, conflicts, state)] if conflicts else []
 
     def _coordinated(self, record: PodRecord) -> bool:
         devices = self.config.device_scheduler.resources

@@ -33,6 +33,9 @@ class Reservation:
     # An unauthenticated caller's reservation ends here unless the state shows the pod on its
     # node by then: a forged review holds capacity for seconds, not a TTL. None: until the TTL.
     confirm_by: float | None = None
+    # The pod's scheduler: a bind in flight holds the node's devices for it, as a bound pod does
+    # (deviceScheduler). "" in records of earlier versions, which did not say.
+    scheduler: str = ""
 
     def as_json(self) -> dict[str, Any]:
         data = {
@@ -44,6 +47,8 @@ class Reservation:
         }
         if self.confirm_by is not None:
             data["confirmBy"] = self.confirm_by
+        if self.scheduler:
+            data["scheduler"] = self.scheduler
         return data
 
     @classmethod
@@ -57,6 +62,7 @@ class Reservation:
                 tuple((str(p[0]), str(p[1]), int(p[2])) for p in data.get("hostPorts") or ()),
                 float(data["expires"]),
                 float(confirm_by) if confirm_by is not None else None,
+                str(data.get("scheduler") or ""),
             )
         except (KeyError, TypeError, ValueError, AttributeError):
             return None  # a foreign or damaged entry holds nothing
@@ -67,7 +73,7 @@ class Reservation:
     ) -> Reservation:
         requests = {r: a for r, a in record.requests.items() if a}
         confirm_by = now + confirm_within if confirm_within is not None else None
-        return cls(record.key, node, requests, record.host_ports, now + ttl, confirm_by)
+        return cls(record.key, node, requests, record.host_ports, now + ttl, confirm_by, record.scheduler)
 
 
 def kept(reservation: Reservation, state: ClusterState, now: float) -> bool:

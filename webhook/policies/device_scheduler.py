@@ -265,6 +265,8 @@ class NodeOwner:
     node: str
     configured: OwnerRule | None
     holders: Mapping[str, int]
+    # Schedulers whose device pods were bound here by binds allowed and not yet in the watch.
+    in_flight: frozenset[str] = frozenset()
 
     def others(self, scheduler: str) -> list[str]:
         """The schedulers a pod of ``scheduler`` would race on this node."""
@@ -293,13 +295,22 @@ def node_conflicts(
     node: Node,
     state: ClusterState,
     config: DeviceSchedulerConfig,
+    in_flight: Iterable[tuple[str, Mapping[str, int]]] = (),
 ) -> list[NodeOwner]:
     """A pod of ``scheduler`` asking for ``requests`` arrives on ``node`` (a bind): every device
-    whose owner there is another scheduler. The bind guard and the audit ask this."""
+    whose owner there is another scheduler. The bind guard and the audit ask this.
+
+    ``in_flight``: (scheduler, requests) of the binds to ``node`` allowed and not yet in the
+    watch. Where nothing is configured they hold the device as bound pods do: two binds of two
+    schedulers' pods to a node with no device pod yet, in the same instant, must not both pass."""
     found = []
     for resource, amount in requests.items():
         if amount > 0 and config.is_device(resource):
             owner = node_owner(Device(resource, True), node.name, node.labels, state, config)
+            if owner.configured is None and config.autodetect:
+                pending = {s for s, asked in in_flight if s and asked.get(resource)}
+                holders = {**dict.fromkeys(pending, 0), **owner.holders}
+                owner = NodeOwner(owner.device, owner.node, None, holders, frozenset(pending))
             if owner.others(scheduler):
                 found.append(owner)
     return found
@@ -327,6 +338,8 @@ def _race(owner: NodeOwner, scheduler: str, state: ClusterState | None) -> str:
         shown = ", ".join(pods[:NAMED_PODS]) + (
             f" and {len(pods) - NAMED_PODS} more" if len(pods) > NAMED_PODS else ""
         )
+        if not shown and other in owner.in_flight:
+            shown = "a bind allowed and not yet in the guard's watch"
         held.append(f"{other} ({shown})" if shown else other)
     return f"{owner.device} is held by pods of {' and '.join(held)}"
 
