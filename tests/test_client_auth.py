@@ -176,7 +176,7 @@ class RecordingBindGuard:
     def __init__(self) -> None:
         self.calls: list[tuple[str, bool]] = []
 
-    def review(self, req, source, *, verified=False):
+    def review(self, req, source, *, verified=False, target=None):
         from webhook.admission import Outcome
 
         self.calls.append(("review", verified))

@@ -458,3 +458,54 @@ def test_a_previous_versions_reservation_without_a_scheduler_still_holds_capacit
         and reservation.requests == {"nvidia.com/gpu": 1}
     )
     assert set(old) <= set(Reservation.from_json({**old, "scheduler": "volcano"}).as_json())
+
+
+# -- each object read once, judged once (issue 26) ---------------------------------------------------
+
+
+def test_an_allowed_allocation_is_read_once_and_judged_once_through_the_server(tmp_path, leases, monkeypatch):
+    from webhook import allocation
+    from webhook.policies import device_allocation
+
+    _, store = leases
+    calls = {"read": 0, "judge": 0}
+    real_read, real_judge = allocation.resource_claim_from, device_allocation.judge_allocation
+
+    def read(obj):
+        calls["read"] += 1
+        return real_read(obj)
+
+    def judge(*args, **kwargs):
+        calls["judge"] += 1
+        return real_judge(*args, **kwargs)
+
+    monkeypatch.setattr(allocation, "resource_claim_from", read)
+    monkeypatch.setattr(device_allocation, "judge_allocation", judge)
+    client = guard_client(one_gpu_left(), tmp_path, leases=store)
+    assert answer(client, wants("a", "gpu-1"))["allowed"]
+    assert calls == {"read": 1, "judge": 1}
+
+
+def test_a_binding_is_read_once_through_the_server(tmp_path, monkeypatch):
+    from tests.builders import node
+    from tests.test_binding import binding, gpu_pod
+    from tests.test_binding import state_with as pods_state
+    from webhook import binding as bind_module
+    from webhook import pipeline
+    from webhook.binding import BindGuard
+
+    reads = []
+    real = bind_module.binding_target
+
+    def counted(req):
+        reads.append(req.uid)
+        return real(req)
+
+    monkeypatch.setattr(bind_module, "binding_target", counted)
+    monkeypatch.setattr(pipeline, "binding_target", counted)
+    state = pods_state(node("gpu-1", extra={"nvidia.com/gpu": "1"}), gpu_pod("a"))
+    conf = config_from_dict({})
+    guard = BindGuard(conf, node_table(tmp_path / "t"))
+    client = create_app(conf, FixedState(state), bind_guard=guard).test_client()
+    assert client.post("/validate", json=binding("a", "gpu-1")).get_json()["response"]["allowed"]
+    assert reads == ["bind-a"]

@@ -22,7 +22,8 @@ import time
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 
-from .admission import AdmissionRequest, Outcome, is_claim_status
+from . import admission
+from .admission import VALIDATE, AdmissionRequest, Outcome, is_claim_status
 from .config import Config
 from .coordination.allocations import MAX_RESULTS, InFlight, counts, in_flight, kept
 from .coordination.budget import Budget, Busy, DeadlineExceeded
@@ -40,7 +41,7 @@ from .coordination.transaction import (
     Transaction,
 )
 from .engine import Decision, Violation
-from .kube.dra import claim_allocation_from
+from .kube.dra import ClaimAllocation, ResourceClaim, resource_claim_from
 from .kube.errors import FieldError
 from .policies import device_allocation
 from .state.apiserver import ApiError
@@ -62,26 +63,36 @@ class AllocationGuard:
         self.leases = leases
         self.clock = clock
 
+    def judges(self, req: AdmissionRequest) -> bool:
+        """Whether this guard judges the request's allocation (its policy denies or warns here):
+        then it judges it whole, against the index and the records in flight together, and the
+        engine need not judge it first."""
+        return self.config.policy(POLICY).mode in ("enforce", "warn") and not self._exempt(req)
+
     def review(
         self, req: AdmissionRequest, source: StateSource, outcome: Outcome, *, verified: bool = False
     ) -> Outcome:
-        """An allocation the engine allowed: judged again with the allocations in flight, and
-        recorded when it still fits (a dry run is judged and records nothing). ``verified``: the
+        """An allocation write: judged against the index and the allocations in flight, and
+        recorded when it fits (a dry run is judged and records nothing). ``outcome``: what the
+        engine answered, or an allowing one when the engine did not judge it. ``verified``: the
         caller proved it is the API server."""
         if not is_claim_status(req) or not outcome.allowed or req.obj is None:
             return outcome
         if not device_allocation.is_allocation_write(req.obj, req.old_obj, req.operation):
             return outcome
         mode = self.config.policy(POLICY).mode
-        if mode in ("off", "audit") or self._exempt(req):
+        if not self.judges(req):
             return outcome
-        self._allocators(outcome, req)
         try:
-            _, allocation = claim_allocation_from(req.obj)
-        except FieldError:
-            return outcome  # the engine answered for an unreadable claim
+            claim = resource_claim_from(req.obj)  # the one read of the claim
+        except FieldError as err:
+            if outcome.decision is not None:
+                return outcome  # the engine answered for an unreadable claim
+            return admission.unchecked(req, VALIDATE, f"{req.kind} field {err}", self.config)
+        allocation = claim.allocation
         if allocation is None:
             return outcome
+        self._allocators(outcome, req, allocation)
         if len(allocation.results) > MAX_RESULTS:
             return _deny(
                 outcome,
@@ -94,10 +105,10 @@ class AllocationGuard:
         version = str((req.old_obj or {}).get("metadata", {}).get("resourceVersion") or "")
         confirm = None if verified else now + settings.confirm_seconds
         try:
-            new = in_flight(req.obj, version, now + settings.ttl_seconds, confirm)
+            new = in_flight(claim.key, req.obj, version, now + settings.ttl_seconds, confirm)
         except ValueError as err:
             return _busy(outcome, str(err))
-        judge = _Judge(new, source, req, now)
+        judge = _Judge(new, claim, source, req, now)
         transaction = Transaction(
             IN_FLIGHT_RECORDS, self.local, self.leases, Budget.of(settings), lambda: Budget.of(settings)
         )
@@ -136,15 +147,11 @@ class AllocationGuard:
             POLICY, req.namespace, req.user, req.groups
         )
 
-    def _allocators(self, outcome: Outcome, req: AdmissionRequest) -> None:
+    def _allocators(self, outcome: Outcome, req: AdmissionRequest, allocation: ClaimAllocation) -> None:
         """An allocation written by an identity the driver's ``allocators`` do not include: a
         ``MixedDeviceScheduler`` warning (like binders: a denial would make it retry forever)."""
         device = self.config.device_scheduler
         if device.mode == "off" or not device.allocators:
-            return
-        try:
-            _, allocation = claim_allocation_from(req.obj)
-        except FieldError:
             return
         for driver in sorted({r.driver for r in allocation.results}):
             allowed = device.allowed_allocators(driver)
@@ -162,6 +169,7 @@ class _Judge:
     moment of the state (its lock held); the records that ended are not written back."""
 
     new: InFlight
+    claim: ResourceClaim
     source: StateSource
     req: AdmissionRequest
     now: float
@@ -176,9 +184,7 @@ class _Judge:
             others = [e for e in entries if e.claim != self.new.claim]
             self.dropped.update(e.claim for e in others if not kept(e, state, self.now))
             flying = [e.allocation for e in others if counts(e, state, self.now)]
-            self.findings[:] = device_allocation.allocation_findings(
-                self.req.obj, state, self.req.user, flying
-            )
+            self.findings[:] = device_allocation.allocation_findings(self.claim, state, self.req.user, flying)
         return not self.findings
 
     def keep(self, entry: InFlight) -> bool:

@@ -101,13 +101,21 @@ class BindGuard:
         self.leases = leases
         self.clock = clock
 
-    def review(self, req: AdmissionRequest, source: StateSource, *, verified: bool = False) -> Outcome:
+    def review(
+        self,
+        req: AdmissionRequest,
+        source: StateSource,
+        *,
+        verified: bool = False,
+        target: BindingTarget | None = None,
+    ) -> Outcome:
         """A Binding: the pod and node are read under the state's lock; the reservation's
         round trips happen outside it (the informer must keep applying events).
 
         ``verified``: the caller proved it is the API server (a client certificate); otherwise
-        the reservation lasts only until its confirmation time unless the state shows the pod."""
-        target = binding_target(req)
+        the reservation lasts only until its confirmation time unless the state shows the pod.
+        ``target``: the Binding's pod and node, when the caller has read them already."""
+        target = target or binding_target(req)
         pod_name = f"pod {target.namespace}/{target.name}"
         outcome = Outcome(req, {"uid": req.uid, "allowed": True})
         mode = self.config.node_admission.mode

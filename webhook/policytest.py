@@ -150,9 +150,10 @@ def run_case(test_file: TestFile, case: Case) -> CaseResult:
 
 def _bind(test_file: TestFile, case: Case, failures: list[str]) -> Decision:
     """A Binding of the case's pod (pending, added to the state for this case) to its node,
-    through the same bind guard the webhook uses (no reservations: one bind per case)."""
-    from .admission import AdmissionRequest
+    through the webhook's pipeline and bind guard (no reservations: one bind per case)."""
+    from .admission import VALIDATE, AdmissionRequest
     from .binding import BindGuard
+    from .pipeline import Pipeline, route
 
     state = test_file.state if test_file.state is not None else ClusterState()
     spec = case.obj.get("spec") or {}
@@ -178,7 +179,8 @@ def _bind(test_file: TestFile, case: Case, failures: list[str]) -> Decision:
     )  # fmt: skip
     state.set_pod(record.key, record)
     try:
-        outcome = BindGuard(case.config, None).review(request, FixedState(state))
+        pipeline = Pipeline(case.config, FixedState(state), bind_guard=BindGuard(case.config, None))
+        outcome = pipeline.decide(route(request), VALIDATE, verified=True, now=case.now or 0.0)
     finally:
         state.remove_pod(record.key)
     decision = outcome.decision or Decision()

@@ -154,10 +154,11 @@ def _plain(value: Any) -> Any:
     return value if isinstance(value, bool) else str(value)
 
 
-def in_flight(obj: Mapping[str, Any], version: str, expires: float, confirm_by: float | None) -> InFlight:
-    """The record of a claim's allocation write replacing ``version`` (``ValueError`` when it
-    would not fit ``MAX_RECORD_BYTES``)."""
-    key, _ = claim_allocation_from(obj)
+def in_flight(
+    key: str, obj: Mapping[str, Any], version: str, expires: float, confirm_by: float | None
+) -> InFlight:
+    """The record of claim ``key``'s allocation write (``obj``, read and valid) replacing
+    ``version`` (``ValueError`` when it would not fit ``MAX_RECORD_BYTES``)."""
     data = record_of(obj)
     if len(data) > MAX_RECORD_BYTES:
         raise ValueError(f"its record would take {len(data)} bytes, over {MAX_RECORD_BYTES}")

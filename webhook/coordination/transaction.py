@@ -9,7 +9,8 @@ Binds (one key: the node) and DRA allocations (a key per pool) decide the same w
 2. The tables' records are judged first: a denial by them needs no round trip (the Leases
    could only add records).
 3. Every key's Lease is read, and the decision judged against all of them together before any
-   is written: a denial leaves nothing behind.
+   is written (again only when they hold records the tables did not): a denial leaves nothing
+   behind.
 4. The writes follow, each with the resourceVersion read. One that loses to a sibling reads that
    key again and judges again; if the decision no longer fits, the keys already written are
    undone off the request's path (the answer is not delayed past the budget).
@@ -114,8 +115,10 @@ class Transaction:
             fits, leased = True, False
             if self.leases is not None and keys and (coordinated or damaged):
                 reads = {key: self.leases.read(key, self.budget) for key in keys}
+                local = {self.records.identity(e) for e in seen}
                 seen, leased = self.records.merged(seen, *(r.records for r in reads.values())), True
-                fits = judge(seen)
+                if {self.records.identity(e) for e in seen} != local:
+                    fits = judge(seen)  # the Leases hold records the table did not: judged again
                 if fits and write and coordinated:
                     seen = self._write_leases(reads, seen, new, judge, keep)
                     fits = seen is not None

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..checks.device_allocation import REASONS as ALLOCATION_REASONS
 from ..checks.device_allocation import judge_allocation
-from ..kube.dra import allocation_written
+from ..kube.dra import ResourceClaim, allocation_written
 from ..kube.errors import FieldError
 from . import ANY_OBJECT, NO_FIX, Context, Finding, Review, read_mode
 
@@ -79,9 +79,10 @@ def is_allocation_write(obj: Mapping[str, Any], old_obj: Mapping[str, Any] | Non
 
 
 def allocation_findings(
-    obj: Mapping[str, Any], state: ClusterState, user: str, in_flight=()
+    obj: Mapping[str, Any] | ResourceClaim, state: ClusterState, user: str, in_flight=()
 ) -> list[Finding]:
-    """One finding per device (and reason) the new allocation may not have."""
+    """One finding per device (and reason) the new allocation may not have. ``obj``: the claim
+    as written, or as read once by the caller."""
     writer = user or "an unknown writer"
     return [
         Finding(

@@ -1,7 +1,8 @@
 """The app the kube-apiserver talks to: /validate /mutate /healthz /readyz /metrics.
 
 A Flask app whose two admission paths are answered in front of it (``wsgi.py``): ``answer``
-below is where a review's body becomes a decision (``admission.py``, the guards, the engine).
+below reads a review's body and hands it to the pipeline (``pipeline.py``: the guards and the
+engine), then counts and logs what it decided.
 
 ``create_app`` is an explicit factory: gunicorn workers, tests and benchmarks each build an
 app from a config and a state source, and nothing lives in module globals. Every answer is
@@ -19,14 +20,13 @@ from flask import Flask, Response
 from werkzeug.exceptions import HTTPException
 
 from .. import admission
-from ..admission import MUTATE, VALIDATE, AdmissionRequest, Outcome, ReviewError
+from ..admission import MUTATE, AdmissionRequest, Outcome, ReviewError
 from ..allocation import AllocationGuard
-from ..binding import BindGuard, binding_target, is_binding
+from ..binding import BindGuard
 from ..config import Config
 from ..coordination.probes import SharedProbes
-from ..kube.rejection import controller_owner
+from ..pipeline import Pipeline, read_review
 from ..state.source import StateSource
-from ..state.storm import StormBreakers
 from .decision_log import flush_decision_lines, line_writer, log_lines_in_background
 from .limits import MAX_BODY_BYTES
 from .metrics import Metrics
@@ -56,7 +56,6 @@ def create_app(
     ``require_client_cert``: answer /validate and /mutate only for callers whose client
     certificate the server verified (``serve --client-ca``); others get 403.
     """
-    probes = storm_probes or SharedProbes(None, None, 0.0, 0.0)
     app = Flask("admit_guard")
     app.config["MAX_CONTENT_LENGTH"] = max_body_bytes
     app.extensions[SOURCE_EXTENSION] = source  # gunicorn's worker_exit closes it
@@ -69,13 +68,23 @@ def create_app(
             source, config, metrics.audit, audit_interval, source_name
         ).start()
 
+    def observe(state) -> None:
+        if state.storm is not None:
+            metrics.observe_storm_now_and_then(state.storm)
+
+    pipeline = Pipeline(
+        config,
+        source,
+        bind_guard=bind_guard,
+        allocation_guard=allocation_guard,
+        probes=storm_probes,
+        observe=observe,
+    )
+
     def answer(endpoint: str, body: bytes, verified: bool) -> tuple[int, bytes]:
         started = time.perf_counter()
         try:
-            req = admission.parse_review(body)
-            binding = is_binding(req)
-            if binding:
-                binding_target(req)  # a malformed Binding is the body's problem: 400
+            routed = read_review(body)
         except ReviewError as err:
             metrics.count_bad_request(endpoint, 400)
             return 400, error_body(400, str(err))
@@ -83,29 +92,9 @@ def create_app(
             logging.getLogger(__name__).exception("unreadable AdmissionReview")
             metrics.count_bad_request(endpoint, 400)
             return 400, error_body(400, f"unreadable AdmissionReview ({type(err).__name__})")
+        req = routed.request
         try:
-            now = time.time()
-            if binding:
-                outcome = (
-                    bind_guard.review(req, source, verified=verified)
-                    if bind_guard is not None and endpoint == VALIDATE
-                    else admission.Outcome(req, {"uid": req.uid, "allowed": True})
-                )
-            else:
-                with source.reading() as view:
-                    outcome = admission.review(req, endpoint, view.state, config, view.unavailable, now)
-                    judged = (view.state, view.state.revision) if view.state is not None else None
-                    storm = view.state.storm if view.state is not None else None
-                    if storm is not None:
-                        metrics.observe_storm_now_and_then(storm)
-                owner = _probe_owner(storm, req, outcome, now) if endpoint == VALIDATE else None
-                if owner is not None and not probes.claim(storm, owner, now):  # round trips: no lock held
-                    with source.reading() as view:  # another probe holds the slot: the breaker denies
-                        outcome = admission.review(req, endpoint, view.state, config, view.unavailable, now)
-                if endpoint == VALIDATE and bind_guard is not None:  # round trips: no lock held
-                    outcome = bind_guard.review_created(req, source, outcome, judged, verified=verified)
-                if endpoint == VALIDATE and allocation_guard is not None:
-                    outcome = allocation_guard.review(req, source, outcome, verified=verified)
+            outcome = pipeline.decide(routed, endpoint, verified=verified, now=time.time())
         except Exception as err:  # a bug must not become a 500 on the path of every pod
             logging.getLogger(__name__).exception("review %s failed", req.uid)
             outcome = admission.unchecked(req, endpoint, f"internal error ({type(err).__name__})", config)
@@ -176,20 +165,6 @@ def _record(metrics: Metrics, endpoint: str, outcome: Outcome, latency: float) -
         findings += [("audited", v) for v in decision.audited]
     for outcome_label, violation in findings:
         metrics.count_finding(violation.policy, violation.reason, outcome_label)
-
-
-def _probe_owner(
-    storm: StormBreakers | None, req: AdmissionRequest, outcome: Outcome, now: float
-) -> str | None:
-    """The owner whose probe an allowed pod would be (its breaker waits for one), or None. The
-    pod passes only if it takes the probe slot, so the owner's next pods are denied until the
-    probe runs or is rejected."""
-    if storm is None or not storm.breakers or not outcome.allowed or req.dry_run:
-        return None
-    if req.operation != "CREATE" or req.kind != "Pod" or req.obj is None:
-        return None
-    owner = controller_owner(req.obj)
-    return owner.uid if owner is not None and storm.verdict(owner.uid, now).probe else None
 
 
 def _log_line(endpoint: str, outcome: Outcome, latency: float) -> str:
