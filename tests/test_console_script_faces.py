@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from tests.test_console_script import cli
+from tests.test_console_script import cli, write
+from tests.test_console_script_ci import NEXT_POD, NODE, STORM_POD
 
 # -- 3. operators' kinds get NoClusterState like built-in controllers --------------------------
 
@@ -45,3 +48,36 @@ def test_without_a_cluster_an_operators_gpu_workload_warns_that_device_ownership
     assert "[deviceScheduler] NoClusterState:" in result.stdout, result.stdout
     assert "device ownership was not checked" in result.stdout
     assert cli("check", "-f", "-", "--warnings-as-errors", stdin=manifest).returncode == 1
+
+
+# -- 5. --now: what had not happened yet opens nothing; RFC 3339 means a time ------------------
+
+
+def storm_snapshot(tmp_path) -> str:
+    """A node and 25 pods of one ReplicaSet the kubelet rejected, 10:00:00-10:00:24 on 2026-01-01."""
+    return write(tmp_path, "cluster.yaml", NODE + "".join("---\n" + STORM_POD.format(i=i) for i in range(25)))
+
+
+def test_now_before_the_kubelets_rejections_opens_no_storm_breaker(tmp_path):
+    snapshot = storm_snapshot(tmp_path)
+    before = cli("check", "-f", "-", "--cluster", snapshot, "--now", "2026-01-01T09:00:00Z", stdin=NEXT_POD)
+    assert before.returncode == 0, before.stdout
+    assert "AdmissionStorm" not in before.stdout
+    during = cli("check", "-f", "-", "--cluster", snapshot, "--now", "2026-01-01T10:00:30Z", stdin=NEXT_POD)
+    assert during.returncode == 1 and "AdmissionStorm" in during.stdout
+
+
+def test_the_audit_at_a_time_before_the_rejections_reports_no_storm(tmp_path):
+    snapshot = storm_snapshot(tmp_path)
+    result = cli("audit", "--cluster", snapshot, "--now", "2026-01-01T09:00:00Z", "-o", "json")
+    body = json.loads(result.stdout)
+    assert [f for f in body["findings"] if f["type"] == "AdmissionStorm"] == []
+
+
+@pytest.mark.parametrize("value", ["2025-11-20", "2025-11-20T10:00:00", "2025-11-20 10:00"])
+def test_now_that_is_not_an_rfc3339_date_time_with_offset_is_a_usage_error(tmp_path, value):
+    for command in ("check", "audit"):
+        args = ("-f", "-") if command == "check" else ()
+        result = cli(command, *args, "--cluster", storm_snapshot(tmp_path), "--now", value, stdin=NEXT_POD)
+        assert result.returncode == 2, (command, value, result.stdout)
+        assert "not an RFC 3339 time" in result.stderr

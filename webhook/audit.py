@@ -136,7 +136,7 @@ def run_audit(inventory: Inventory, config: Config, now: float) -> Report:
     if audited(config, PINNED):
         findings += pinned_findings(inventory, config)
     if audited(config, STORM):
-        findings += storm_findings(storm_groups(inventory), settings, now, config)
+        findings += storm_findings(storm_groups(inventory, now), settings, now, config)
     findings += node_findings(state, config, state.nodes, pinned_pods(inventory))
     findings += device_findings(state, config)
     scanned = {
@@ -240,11 +240,15 @@ class StormGroup:
         return len(self.pods)
 
 
-def storm_groups(inventory: Inventory) -> list[StormGroup]:
-    """Rejected pods grouped by owner resolved to the top-level controller where known."""
+def storm_groups(inventory: Inventory, now: float | None = None) -> list[StormGroup]:
+    """Rejected pods grouped by owner resolved to the top-level controller where known. A pod
+    created after ``now`` (``--now`` before the snapshot was taken) had not been rejected yet."""
     groups: dict[tuple[str, str], StormGroup] = {}
     resolved: dict[str, Owner] = {}
     for pod in inventory.rejected:
+        created = _epoch(pod.created)
+        if now is not None and created is not None and created > now:
+            continue
         owner = pod.owner
         if owner is not None:
             if owner.uid not in resolved:

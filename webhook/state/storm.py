@@ -95,11 +95,22 @@ class StormBreakers:
 
     # -- what the informer and the snapshot loader report --------------------------------
 
-    def observe(self, pod: Mapping[str, Any], seen_at: float | None, now: float | None = None) -> None:
+    def observe(
+        self,
+        pod: Mapping[str, Any],
+        seen_at: float | None,
+        now: float | None = None,
+        *,
+        as_of: float | None = None,
+    ) -> None:
         """A pod from a watch event (``seen_at``: now) or a list/snapshot (None: its
         ``creationTimestamp``). Only Failed-at-admission and Running pods of an owner matter.
         ``now``: when a live list runs, so old rejections it finds trip nothing (a snapshot
-        passes None: its breakers are rebuilt as they stood when it was taken)."""
+        passes None: its breakers are rebuilt as they stood when it was taken). ``as_of``: a
+        snapshot judged at an earlier time (``--now``); a pod created after it had not been
+        rejected, or run, yet."""
+        if as_of is not None and (_created(pod) or 0.0) > as_of:
+            return
         status = pod.get("status")
         phase = status.get("phase") if isinstance(status, Mapping) else None
         if phase == "Running":
