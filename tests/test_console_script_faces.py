@@ -81,3 +81,28 @@ def test_now_that_is_not_an_rfc3339_date_time_with_offset_is_a_usage_error(tmp_p
         result = cli(command, *args, "--cluster", storm_snapshot(tmp_path), "--now", value, stdin=NEXT_POD)
         assert result.returncode == 2, (command, value, result.stdout)
         assert "not an RFC 3339 time" in result.stderr
+
+
+# -- 7. an apiVersion the operator does not serve is an input error ---------------------------
+
+VOLCANO_V1_JOB = """\
+apiVersion: batch.volcano.sh/v1
+kind: Job
+metadata: {name: pinned, namespace: ml}
+spec:
+  tasks: [{name: w, replicas: 1, template: {spec: {nodeName: gpu-1, containers: [{name: c, image: c}]}}}]
+"""
+
+
+@pytest.mark.parametrize("command", ["check", "explain"])
+def test_a_volcano_job_in_a_version_volcano_does_not_serve_is_an_input_error_naming_the_served_one(
+    tmp_path, command
+):
+    path = write(tmp_path, "job.yaml", VOLCANO_V1_JOB)
+    cluster = ("--cluster", write(tmp_path, "cluster.yaml", NODE)) if command == "explain" else ()
+    result = cli(command, "-f", path, *cluster)
+    assert result.returncode == 2, result.stdout
+    [error] = [e for e in result.stderr.splitlines() if e.startswith("ERROR ")]
+    assert error.startswith(f"ERROR {path}: document 1: Job: field apiVersion: ")
+    assert "does not serve Job in batch.volcano.sh/v1" in error
+    assert "use apiVersion: batch.volcano.sh/v1alpha1" in error

@@ -176,7 +176,7 @@ def check_documents(
     moment = time.time() if now is None else now
 
     def judge(doc: Document) -> Result:
-        check_api_rules(doc.obj)
+        check_api_rules(doc.obj, config.workloads)
         decision = evaluate(doc.obj, operation, state, config, user=user, groups=groups, now=moment)
         if decision.unreadable:
             raise decision.unreadable
@@ -238,11 +238,12 @@ def place_in_namespace(obj: dict[str, Any], source: Manifests) -> None:
 # -- what the API server refuses ------------------------------------------------------------
 
 
-def check_api_rules(obj: Mapping[str, Any]) -> None:
+def check_api_rules(obj: Mapping[str, Any], workloads: WorkloadTable = BUILT_IN) -> None:
     """Raise ``FieldError`` for what the API server would refuse before the guard judged it:
-    an unrendered template, a version or kind it does not serve, resources it does not allow."""
+    an unrendered template, a version or kind it does not serve (an operator's kind in a
+    version its CRD does not serve too), resources it does not allow."""
     unrendered(obj)
-    problem = api_problem(obj["apiVersion"], obj["kind"])
+    problem = api_problem(obj["apiVersion"], obj["kind"]) or workloads.version_problem(obj)
     if problem is not None:
         raise FieldError(*problem)
     shape = pod_shape(obj)

@@ -21,7 +21,7 @@ from .checks import PodUnderReview
 from .checks.placement import placement, unpinned
 from .checks.scheduler import AFFINITY, PORTS, UNSCHEDULABLE, tolerations_of
 from .config import Config
-from .dryrun import judge_documents
+from .dryrun import check_api_rules, judge_documents
 from .manifests import ManifestError
 from .state import ClusterState
 
@@ -159,6 +159,13 @@ def explain_documents(
     files: Iterable[str], state: ClusterState, config: Config | None = None
 ) -> tuple[list[Explanation], list[ManifestError]]:
     """Every document of ``files`` explained, objects that create no pods left out; documents
-    or pods that cannot be read are input errors, as in the dry run."""
-    explained, errors = judge_documents(files, lambda doc: explain(doc.obj, state, config))
+    or pods that cannot be read, and what the API server would refuse, are input errors, as in
+    the dry run."""
+    config = config or Config()
+
+    def judge(doc):
+        check_api_rules(doc.obj, config.workloads)  # what the API server refuses, as ``check``
+        return explain(doc.obj, state, config)
+
+    explained, errors = judge_documents(files, judge)
     return [e for group in explained for e in group], errors
