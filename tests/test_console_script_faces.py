@@ -106,3 +106,56 @@ def test_a_volcano_job_in_a_version_volcano_does_not_serve_is_an_input_error_nam
     assert error.startswith(f"ERROR {path}: document 1: Job: field apiVersion: ")
     assert "does not serve Job in batch.volcano.sh/v1" in error
     assert "use apiVersion: batch.volcano.sh/v1alpha1" in error
+
+
+# -- 8. RayCronJob, DisaggregatedSet and Volcano's JobTemplate hold pod templates ---------------
+
+PINNED_SPEC = "{nodeName: gpu-1, containers: [{name: c, image: c}]}"
+FREE_SPEC = "{containers: [{name: c, image: c}]}"
+NEW_WORKLOADS = {
+    "RayCronJob": f"""\
+apiVersion: ray.io/v1
+kind: RayCronJob
+metadata: {{name: nightly, namespace: ml}}
+spec:
+  schedule: "0 2 * * *"
+  jobTemplate:
+    entrypoint: python train.py
+    rayClusterSpec:
+      headGroupSpec: {{rayStartParams: {{}}, template: {{spec: {{containers: [{{name: h, image: h}}]}}}}}}
+      workerGroupSpecs: [{{groupName: g, template: {{spec: {PINNED_SPEC}}}}}]
+""",
+    "DisaggregatedSet": f"""\
+apiVersion: disaggregatedset.x-k8s.io/v1
+kind: DisaggregatedSet
+metadata: {{name: serve, namespace: ml}}
+spec:
+  roles:
+    - name: prefill
+      spec: {{leaderWorkerTemplate: {{size: 1, workerTemplate: {{spec: {FREE_SPEC}}}}}}}
+    - name: decode
+      spec: {{leaderWorkerTemplate: {{size: 1, workerTemplate: {{spec: {PINNED_SPEC}}}}}}}
+""",
+    "JobTemplate": f"""\
+apiVersion: flow.volcano.sh/v1alpha1
+kind: JobTemplate
+metadata: {{name: step, namespace: ml}}
+spec:
+  tasks: [{{name: w, replicas: 1, template: {{spec: {PINNED_SPEC}}}}}]
+""",
+}
+PINNED_AT = {
+    "RayCronJob": "spec.jobTemplate.rayClusterSpec.workerGroupSpecs[0].template",
+    "DisaggregatedSet": "spec.roles[1].spec.leaderWorkerTemplate.workerTemplate",
+    "JobTemplate": "spec.tasks[0].template",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(NEW_WORKLOADS))
+def test_a_pinned_template_in_an_operators_newer_kind_is_denied_not_skipped(tmp_path, kind):
+    result = cli(
+        "check", "-f", "-", "--cluster", write(tmp_path, "cluster.yaml", NODE), stdin=NEW_WORKLOADS[kind]
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stdout.startswith(f"DENY  {kind} ml/")
+    assert "PinnedNodeName" in result.stdout and f"(template {PINNED_AT[kind]})" in result.stdout

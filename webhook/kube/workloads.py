@@ -2,9 +2,9 @@
 
 Built-in kinds are recognised by API group as well as kind, so a custom
 ``batch.volcano.sh/v1alpha1 Job`` is not mistaken for a ``batch/v1 Job``. Custom resources of
-the operators GPU clusters run (Volcano, JobSet, Kubeflow, KubeRay, LeaderWorkerSet, Kubeflow
-Trainer) are found through a table of template paths (``WORKLOADS``), which users extend in
-config (``workloads:``) without code.
+the operators GPU clusters run (Volcano, JobSet, Kubeflow, KubeRay, LeaderWorkerSet and its
+DisaggregatedSet, Kubeflow Trainer) are found through a table of template paths
+(``WORKLOADS``), which users extend in config (``workloads:``) without code.
 """
 
 from __future__ import annotations
@@ -217,6 +217,12 @@ WORKLOADS: tuple[WorkloadKind, ...] = (
         "spec.jobTemplate.spec.schedulerName", "volcano",
         "volcano-sh/apis pkg/apis/batch/v1alpha1 (CronJobSpec.JobTemplate)", _V1ALPHA1,
     ),
+    # A JobFlow creates a Volcano Job from each JobTemplate's spec (a batch JobSpec).
+    WorkloadKind.of(
+        "flow.volcano.sh/v1alpha1", "JobTemplate", ["spec.tasks[*].template"], "spec.schedulerName",
+        "volcano", "volcano-sh/apis pkg/apis/flow/v1alpha1/jobtemplate_types.go (Spec: batch JobSpec)",
+        _V1ALPHA1,
+    ),
     WorkloadKind.of(
         "jobset.x-k8s.io/v1alpha2", "JobSet", ["spec.replicatedJobs[*].template.spec.template"],
         source="kubernetes-sigs/jobset api/jobset/v1alpha2/jobset_types.go (ReplicatedJob.Template)",
@@ -250,8 +256,19 @@ WORKLOADS: tuple[WorkloadKind, ...] = (
         source="ray-project/kuberay ray-operator/apis/ray/v1/rayservice_types.go", served=_RAY,
     ),
     WorkloadKind.of(
+        "ray.io/v1", "RayCronJob", [f"spec.jobTemplate.{p}" for p in _RAY_JOB],
+        source="ray-project/kuberay ray-operator/apis/ray/v1/raycronjob_types.go (JobTemplate: a RayJobSpec)",
+        served=_V1,
+    ),
+    WorkloadKind.of(
         "leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", [f"spec.{p}" for p in _LWS],
         source="kubernetes-sigs/lws api/leaderworkerset/v1/leaderworkerset_types.go", served=_V1,
+    ),
+    WorkloadKind.of(
+        "disaggregatedset.x-k8s.io/v1", "DisaggregatedSet", [f"spec.roles[*].spec.{p}" for p in _LWS],
+        source="kubernetes-sigs/lws api/disaggregatedset/v1/disaggregatedset_types.go "
+        "(DisaggregatedRoleSpec: a LeaderWorkerSetTemplateSpec)",
+        served=_V1,
     ),
     *(
         WorkloadKind.of(
