@@ -4,9 +4,12 @@
 from __future__ import annotations
 
 import json
+from xml.etree import ElementTree as ET
 
 import pytest
+import yaml
 
+from tests.dra_builders import claim, gpus, resource_slice, result
 from tests.test_console_script import cli, write
 from tests.test_console_script_ci import NEXT_POD, NODE, STORM_POD
 
@@ -159,3 +162,33 @@ def test_a_pinned_template_in_an_operators_newer_kind_is_denied_not_skipped(tmp_
     assert result.returncode == 1, result.stdout + result.stderr
     assert result.stdout.startswith(f"DENY  {kind} ml/")
     assert "PinnedNodeName" in result.stdout and f"(template {PINNED_AT[kind]})" in result.stdout
+
+
+# -- 1. the audit reads ResourceSlices and ResourceClaims from a snapshot ----------------------
+
+
+def dra_snapshot(tmp_path, *claims: dict) -> str:
+    """Node node-1 with one DRA GPU (gpu-0) in a ResourceSlice, and ``claims``."""
+    node = NODE.replace("gpu-1", "node-1")
+    objects = [resource_slice(devices=gpus("gpu-0")), *claims]
+    return write(tmp_path, "dra.yaml", node + "".join("---\n" + yaml.safe_dump(o) for o in objects))
+
+
+def test_the_audit_of_a_snapshot_finds_two_claims_holding_the_same_dra_device(tmp_path):
+    twice = [claim(name, results=[result("gpu-0")], reserved_for=[f"{name}-pod"]) for name in ("a", "b")]
+    snapshot = dra_snapshot(tmp_path, *twice)
+    junit = tmp_path / "audit.xml"
+    result_ = cli("audit", "--cluster", snapshot, "-o", "json", "--junit", str(junit))
+    assert result_.returncode == 1, result_.stderr
+    findings = [f for f in json.loads(result_.stdout)["findings"] if f["type"] == "DeviceAlreadyAllocated"]
+    assert (
+        len(findings) == 1 and "default/a" in findings[0]["message"] and "default/b" in findings[0]["message"]
+    )
+    [suite] = [s for s in ET.parse(junit).getroot() if s.get("name") == "DeviceAlreadyAllocated"]
+    assert suite.get("failures") == "1"
+
+
+def test_the_audit_of_a_snapshot_without_resource_claims_says_device_findings_were_not_judged(tmp_path):
+    result_ = cli("audit", "--cluster", dra_snapshot(tmp_path), "-o", "json")
+    not_judged = json.loads(result_.stdout)["summary"]["notJudged"]
+    assert "DeviceAlreadyAllocated" in not_judged and "ResourceClaims" in not_judged["DeviceAlreadyAllocated"]

@@ -168,6 +168,13 @@ def unjudged(inventory: Inventory) -> dict[str, str]:
     if not inventory.pods_read:
         why = "no pods were read: take nodes and pods together ('kubectl get nodes,pods -A')"
         missing[MIXED] = missing[OVERCOMMITTED] = why
+    devices = inventory.state.devices
+    if not inventory.claims_listed and (devices is None or not devices.claim_keys()):
+        why = (
+            "no ResourceClaims were read: add resourceslices,resourceclaims,deviceclasses to the "
+            "kubectl get (none in the cluster, or the snapshot left them out)"
+        )
+        missing.update(dict.fromkeys(DEVICE_TYPES, why))
     return missing
 
 
