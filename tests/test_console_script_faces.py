@@ -192,3 +192,133 @@ def test_the_audit_of_a_snapshot_without_resource_claims_says_device_findings_we
     result_ = cli("audit", "--cluster", dra_snapshot(tmp_path), "-o", "json")
     not_judged = json.loads(result_.stdout)["summary"]["notJudged"]
     assert "DeviceAlreadyAllocated" in not_judged and "ResourceClaims" in not_judged["DeviceAlreadyAllocated"]
+
+
+# -- 2. explain honours DRA claims (kube-scheduler's DynamicResources filter) ------------------
+
+DRA_POD = """\
+apiVersion: v1
+kind: Pod
+metadata: {name: infer, namespace: default}
+spec:
+  resourceClaims: [{name: gpu, resourceClaimTemplateName: one-gpu}]
+  containers: [{name: c, image: c, resources: {claims: [{name: gpu}]}}]
+"""
+
+
+def two_node_dra_snapshot(tmp_path) -> str:
+    """node-1 with a free DRA GPU in a ResourceSlice, node-2 without any."""
+    nodes = NODE.replace("gpu-1", "node-1") + "---\n" + NODE.replace("gpu-1", "node-2")
+    objects = [resource_slice(devices=gpus("gpu-0"))]
+    return write(tmp_path, "dra.yaml", nodes + "".join("---\n" + yaml.safe_dump(o) for o in objects))
+
+
+def test_explain_says_a_dra_pod_fits_no_node_without_devices_for_its_claims(tmp_path):
+    result_ = cli(
+        "explain", "-f", "-", "--cluster", two_node_dra_snapshot(tmp_path), "-o", "json", stdin=DRA_POD
+    )
+    assert result_.returncode == 0, result_.stderr
+    [explained] = json.loads(result_.stdout)["results"]
+    nodes = {n["node"]: n for n in explained["nodes"]}
+    assert nodes["node-1"]["fits"]
+    assert not nodes["node-2"]["fits"] and nodes["node-2"]["scheduler"] == ["cannot allocate all claims"]
+
+
+def test_explain_says_a_pod_reusing_an_allocated_claim_fits_only_the_claims_node(tmp_path):
+    snapshot = dra_snapshot(tmp_path, claim("shared", results=[result("gpu-0")], reserved_for=["other"]))
+    snapshot_2 = write(tmp_path, "node-2.yaml", NODE.replace("gpu-1", "node-2"))
+    pod = DRA_POD.replace("resourceClaimTemplateName: one-gpu", "resourceClaimName: shared")
+    result_ = cli(
+        "explain", "-f", "-", "--cluster", snapshot, "--cluster", snapshot_2, "-o", "json", stdin=pod
+    )
+    nodes = {n["node"]: n for n in json.loads(result_.stdout)["results"][0]["nodes"]}
+    assert nodes["node-1"]["fits"]
+    assert nodes["node-2"]["scheduler"] == ["resourceclaim not available on the node"]
+
+
+# -- 4. "fits on now" honours device ownership and DRA -----------------------------------------
+
+POOLS = """\
+policies:
+  deviceScheduler:
+    owners:
+      - {resource: nvidia.com/gpu, scheduler: volcano, nodeSelector: {matchLabels: {pool: batch}}}
+      - {resource: nvidia.com/gpu, scheduler: default-scheduler, nodeSelector: {matchLabels: {pool: serve}}}
+"""
+
+
+def gpu_node(name: str, pool: str, gpus_: int) -> str:
+    return (
+        f"apiVersion: v1\nkind: Node\nmetadata: {{name: {name}, labels: {{pool: {pool}}}}}\n"
+        f"status: {{allocatable: {{cpu: '8', memory: 64Gi, pods: '110', nvidia.com/gpu: '{gpus_}'}}}}\n"
+    )
+
+
+def test_fits_on_now_never_suggests_a_node_another_scheduler_owns(tmp_path):
+    nodes = "---\n".join(
+        [gpu_node("batch-1", "batch", 8), gpu_node("serve-full", "serve", 0), gpu_node("serve-2", "serve", 8)]
+    )
+    snapshot = write(tmp_path, "pools.yaml", nodes)
+    config = write(tmp_path, "guard.yaml", POOLS)
+    pinned = (
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web, namespace: ml}\nspec:\n  template:\n"
+        "    spec:\n      nodeName: serve-full\n"
+        "      containers: [{name: c, image: c, resources: {limits: {nvidia.com/gpu: 1}}}]\n"
+    )
+    result_ = cli("check", "-f", "-", "--cluster", snapshot, "--config", config, stdin=pinned)
+    assert "Nodes it fits on now: serve-2." in result_.stdout, result_.stdout
+
+
+def test_fits_on_now_never_suggests_a_node_without_devices_for_a_dra_pods_claims(tmp_path):
+    full = NODE.replace("gpu-1", "node-3").replace("pods: '110'", "pods: '0'")
+    snapshot = two_node_dra_snapshot(tmp_path)
+    extra = write(tmp_path, "node-3.yaml", full)
+    deployment = (
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: infer, namespace: default}\nspec:\n"
+        "  template:\n    spec:\n      nodeName: node-3\n"
+        "      resourceClaims: [{name: gpu, resourceClaimTemplateName: one-gpu}]\n"
+        "      containers: [{name: c, image: c, resources: {claims: [{name: gpu}]}}]\n"
+    )
+    result_ = cli("check", "-f", "-", "--cluster", snapshot, "--cluster", extra, stdin=deployment)
+    assert "Node node-3 would reject it" in result_.stdout, result_.stdout
+    assert "Nodes it fits on now: node-1." in result_.stdout
+
+
+def pools_snapshot(tmp_path) -> str:
+    nodes = [
+        gpu_node("batch-1", "batch", 8),
+        gpu_node("serve-full", "serve", 0),
+        gpu_node("serve-2", "serve", 8),
+    ]
+    return write(tmp_path, "pools.yaml", "---\n".join(nodes))
+
+
+GPU_WEB = """\
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web, namespace: ml, uid: d-1}
+spec:
+  template:
+    spec:
+      nodeName: serve-full
+      containers: [{name: c, image: c, resources: {limits: {nvidia.com/gpu: 1}}}]
+"""
+
+
+def test_explain_never_says_a_pod_fits_a_node_another_scheduler_owns(tmp_path):
+    config = write(tmp_path, "guard.yaml", POOLS)
+    result_ = cli(
+        "explain", "-f", "-", "--cluster", pools_snapshot(tmp_path), "--config", config, stdin=GPU_WEB
+    )
+    assert "1/3 nodes fit" in result_.stdout, result_.stdout
+    [batch] = [line for line in result_.stdout.splitlines() if line.strip().startswith("batch-1")]
+    assert "MixedDeviceScheduler: nvidia.com/gpu on batch-1 is handed out by volcano" in batch
+
+
+def test_the_audits_fits_on_now_never_suggests_a_node_another_scheduler_owns(tmp_path):
+    workload = write(tmp_path, "web.yaml", GPU_WEB)
+    snapshot = pools_snapshot(tmp_path)
+    config = write(tmp_path, "guard.yaml", POOLS)
+    result_ = cli("audit", "--cluster", snapshot, "--cluster", workload, "--config", config, "-o", "json")
+    [pinned] = [f for f in json.loads(result_.stdout)["findings"] if f["type"] == "PinnedNodeName"]
+    assert "Nodes it fits on now: serve-2." in pinned["message"]

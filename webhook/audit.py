@@ -39,7 +39,7 @@ from .config import Config, StormBreakerConfig
 from .kube.quantity import format_amount
 from .kube.rejection import Owner
 from .kube.resources import is_extended_resource
-from .policies import Review, pinned_node_name
+from .policies import Review, device_scheduler, pinned_node_name
 from .state.inventory import Inventory, PinnedTemplate, RejectedPod, Workload
 from .state.model import ClusterState
 
@@ -204,13 +204,22 @@ def pinned_findings(inventory: Inventory, config: Config) -> list[Finding]:
             continue
         if workload.owner is not None and inventory.workload(workload.owner) is not None:
             continue
-        findings += [_pinned(workload, template, inventory.state) for template in workload.pinned]
+        findings += [_pinned(workload, template, inventory.state, config) for template in workload.pinned]
     return findings
 
 
-def _pinned(workload: Workload, template: PinnedTemplate, state: ClusterState) -> Finding:
-    review = Review(template.obj, template.shape, template.pod, "CREATE", template=template.where)
-    [policy_finding] = pinned_node_name.findings(review, state)
+def _pinned(workload: Workload, template: PinnedTemplate, state: ClusterState, config: Config) -> Finding:
+    """The server's message for the template, the nodes it suggests judged as the server's."""
+    review = Review(
+        template.obj,
+        template.shape,
+        template.pod,
+        "CREATE",
+        template=template.where,
+        scheduler_default=template.scheduler,
+    )
+    owners = config.policy(device_scheduler.NAME)
+    [policy_finding] = pinned_node_name.findings(review, state, config.node_admission, owners)
     node_name = str(template.shape.spec.get("nodeName"))
     node = state.nodes.get(node_name)
     rejects = node is None or bool(kubelet_admission(template.pod, node, state.usage(node.name)))

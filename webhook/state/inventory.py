@@ -53,6 +53,7 @@ class PinnedTemplate:
     shape: PodShape
     pod: PodUnderReview
     where: str = ""  # a custom resource's template (``spec.tasks[0].template``)
+    scheduler: str | None = None  # the scheduler its pods get when their spec names none
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,7 +183,7 @@ class InventoryBuilder:
         uid = str(metadata.get("uid") or "")
         # Only pinned templates are judged, so only theirs are kept (and validated now).
         pinned = tuple(
-            PinnedTemplate(obj, t.shape, PodUnderReview.from_shape(t.shape), t.where)
+            PinnedTemplate(obj, t.shape, PodUnderReview.from_shape(t.shape), t.where, t.scheduler)
             for t in templates
             if t.shape.spec.get("nodeName")
         )
