@@ -322,3 +322,18 @@ def test_the_audits_fits_on_now_never_suggests_a_node_another_scheduler_owns(tmp
     result_ = cli("audit", "--cluster", snapshot, "--cluster", workload, "--config", config, "-o", "json")
     [pinned] = [f for f in json.loads(result_.stdout)["findings"] if f["type"] == "PinnedNodeName"]
     assert "Nodes it fits on now: serve-2." in pinned["message"]
+
+
+# -- 6. a pinned pod reusing a claim allocated on another node -------------------------------
+
+
+def test_a_pinned_pod_reusing_a_claim_allocated_elsewhere_is_told_the_claims_node_or_a_new_claim(tmp_path):
+    snapshot = dra_snapshot(tmp_path, claim("shared", results=[result("gpu-0")], reserved_for=["other"]))
+    node_2 = write(tmp_path, "node-2.yaml", NODE.replace("gpu-1", "node-2"))
+    pod = DRA_POD.replace("resourceClaimTemplateName: one-gpu", "resourceClaimName: shared").replace(
+        "spec:\n", "spec:\n  nodeName: node-2\n", 1
+    )
+    result_ = cli("check", "-f", "-", "--cluster", snapshot, "--cluster", node_2, stdin=pod)
+    assert result_.returncode == 1 and "FailedPrepareDynamicResources" in result_.stdout, result_.stdout
+    assert "metadata.name=node-2" not in result_.stdout
+    assert "allocated on node-1" in result_.stdout and "a new claim" in result_.stdout
