@@ -20,6 +20,7 @@ Allocations in flight (allowed, not yet in the watch) are the allocation guard's
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -170,10 +171,10 @@ def _stay_with(allocation, state: ClusterState) -> str:
     selector = allocation.node_selector
     if selector is None:
         return ""  # usable on every node: never "elsewhere"
-    nodes = sorted(n.name for n in state.nodes.values() if selector.matches(n.labels, n.name))
-    named = ", ".join(nodes[:CLAIM_NODES_NAMED]) + (
-        f" and {len(nodes) - CLAIM_NODES_NAMED} more" if len(nodes) > CLAIM_NODES_NAMED else ""
-    )
+    # A message must not scan the cluster: the first few matching nodes are enough to name.
+    matching = (name for name, n in state.nodes.items() if selector.matches(n.labels, name))
+    nodes = list(itertools.islice(matching, CLAIM_NODES_NAMED + 1))
+    named = ", ".join(nodes[:CLAIM_NODES_NAMED]) + (" and more" if len(nodes) > CLAIM_NODES_NAMED else "")
     where = f"allocated on {named}" if nodes else "allocated for nodes not in the cluster state"
     return (
         f"The scheduler never moves an allocated claim ({where}): run the pod there (spec.nodeName, "
