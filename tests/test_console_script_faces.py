@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from tests.dra_builders import claim, gpus, resource_slice, result
-from tests.test_console_script import cli, write
+from tests.test_console_script import ROOT, cli, write
 from tests.test_console_script_ci import NEXT_POD, NODE, STORM_POD
 
 # -- 3. operators' kinds get NoClusterState like built-in controllers --------------------------
@@ -337,3 +337,14 @@ def test_a_pinned_pod_reusing_a_claim_allocated_elsewhere_is_told_the_claims_nod
     assert result_.returncode == 1 and "FailedPrepareDynamicResources" in result_.stdout, result_.stdout
     assert "metadata.name=node-2" not in result_.stdout
     assert "allocated on node-1" in result_.stdout and "a new claim" in result_.stdout
+
+
+# -- smaller things ---------------------------------------------------------------------------
+
+
+def test_test_run_that_selects_no_case_exits_2_saying_so():
+    suite = str(ROOT / "examples" / "policy-test")
+    result_ = cli("test", suite, "--run", "nomatch")
+    assert result_.returncode == 2, result_.stdout + result_.stderr
+    assert "--run 'nomatch' selects none of the" in result_.stdout + result_.stderr
+    assert cli("test", suite).returncode == 0

@@ -483,5 +483,9 @@ def run_suite(paths: list[str], pattern: str | None = None) -> SuiteRun:
             problems.append(str(err))
     if not files and not problems:
         problems.append(f"no *{SUFFIX} files under {', '.join(paths)}")
-    cases = select([(f, c) for f in files for c in f.cases], pattern)
+    every = [(f, c) for f in files for c in f.cases]
+    cases = select(every, pattern)
+    if pattern and every and not cases:
+        # A filter that selects nothing passes nothing: CI must not go green on a typo.
+        problems.append(f"--run {pattern!r} selects none of the {len(every)} cases under {', '.join(paths)}")
     return SuiteRun(tuple(run_case(f, c) for f, c in cases), tuple(problems))
