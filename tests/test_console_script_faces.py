@@ -348,3 +348,16 @@ def test_test_run_that_selects_no_case_exits_2_saying_so():
     assert result_.returncode == 2, result_.stdout + result_.stderr
     assert "--run 'nomatch' selects none of the" in result_.stdout + result_.stderr
     assert cli("test", suite).returncode == 0
+
+
+def test_a_snapshot_with_a_storm_leaves_no_log_line_on_stderr(tmp_path):
+    result_ = cli("check", "-f", "-", "--cluster", storm_snapshot(tmp_path), stdin=pod_of_another_owner())
+    assert result_.returncode == 0, result_.stdout
+    assert "storm breaker" not in result_.stderr, result_.stderr
+
+
+def pod_of_another_owner() -> str:
+    return (
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: other, namespace: ml}\n"
+        "spec: {containers: [{name: c, image: c}]}\n"
+    )

@@ -179,7 +179,7 @@ def _build(
     on_object: Callable[[int], None] | None = None,
     as_of: float | None = None,
 ) -> Snapshot:
-    state = ClusterState(StormBreakers.from_config(storm) if storm is not None else None)
+    state = ClusterState(StormBreakers.from_config(storm, quiet=True) if storm is not None else None)
     facts = SnapshotFacts()
     problems: list[str] = []
     for count, doc in enumerate(documents):
