@@ -361,3 +361,12 @@ def pod_of_another_owner() -> str:
         "apiVersion: v1\nkind: Pod\nmetadata: {name: other, namespace: ml}\n"
         "spec: {containers: [{name: c, image: c}]}\n"
     )
+
+
+def test_a_misspelt_config_field_suggests_the_right_spelling(tmp_path):
+    config = write(tmp_path, "guard.yaml", "policies:\n  stormbreaker: {mode: warn}\n")
+    result_ = cli("check", "-f", "-", "--config", config, stdin=pod_of_another_owner())
+    assert result_.returncode == 2
+    assert "policies.stormbreaker: unknown field: did you mean stormBreaker?" in result_.stderr, (
+        result_.stderr
+    )
