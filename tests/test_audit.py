@@ -583,6 +583,9 @@ class PagedApi:
     def served_kinds(self, groups):
         return {}  # no custom resources served
 
+    def serves(self, group_version):
+        return "resourceclaims" in self.objects  # DRA where the test gives claims
+
     def list_page(self, resource, limit, token=""):
         self.requests.append((resource, token))
         items = self.objects.get(resource, [])
@@ -615,6 +618,14 @@ def test_a_live_read_pages_through_every_kind_and_stamps_their_kinds():
     }
     [finding] = of_type(audit.run_audit(inv, Config(), NOW).findings, audit.STORM)
     assert (finding.kind, finding.name) == ("Deployment", "web")
+
+
+def test_a_live_read_lists_dra_where_served_and_its_claims_count_as_judged():
+    api = PagedApi({"resourceclaims": [], "resourceslices": []})
+    inv = live_inventory(api, page_size=10)
+    assert {"resourceslices", "resourceclaims", "deviceclasses"} <= {r for r, _ in api.requests}
+    assert audit.ALREADY_ALLOCATED not in audit.unjudged(inv)
+    assert audit.ALREADY_ALLOCATED in audit.unjudged(live_inventory(PagedApi({}), page_size=10))
 
 
 class Tty(io.StringIO):

@@ -39,7 +39,7 @@ from .config import Config, StormBreakerConfig
 from .kube.quantity import format_amount
 from .kube.rejection import Owner
 from .kube.resources import is_extended_resource
-from .policies import Review, pinned_node_name
+from .policies import Review, device_scheduler, pinned_node_name
 from .state.inventory import Inventory, PinnedTemplate, RejectedPod, Workload
 from .state.model import ClusterState
 
@@ -136,7 +136,7 @@ def run_audit(inventory: Inventory, config: Config, now: float) -> Report:
     if audited(config, PINNED):
         findings += pinned_findings(inventory, config)
     if audited(config, STORM):
-        findings += storm_findings(storm_groups(inventory), settings, now, config)
+        findings += storm_findings(storm_groups(inventory, now), settings, now, config)
     findings += node_findings(state, config, state.nodes, pinned_pods(inventory))
     findings += device_findings(state, config)
     scanned = {
@@ -168,6 +168,13 @@ def unjudged(inventory: Inventory) -> dict[str, str]:
     if not inventory.pods_read:
         why = "no pods were read: take nodes and pods together ('kubectl get nodes,pods -A')"
         missing[MIXED] = missing[OVERCOMMITTED] = why
+    devices = inventory.state.devices
+    if not inventory.claims_listed and (devices is None or not devices.claim_keys()):
+        why = (
+            "no ResourceClaims were read: add resourceslices,resourceclaims,deviceclasses to the "
+            "kubectl get (none in the cluster, or the snapshot left them out)"
+        )
+        missing.update(dict.fromkeys(DEVICE_TYPES, why))
     return missing
 
 
@@ -197,13 +204,22 @@ def pinned_findings(inventory: Inventory, config: Config) -> list[Finding]:
             continue
         if workload.owner is not None and inventory.workload(workload.owner) is not None:
             continue
-        findings += [_pinned(workload, template, inventory.state) for template in workload.pinned]
+        findings += [_pinned(workload, template, inventory.state, config) for template in workload.pinned]
     return findings
 
 
-def _pinned(workload: Workload, template: PinnedTemplate, state: ClusterState) -> Finding:
-    review = Review(template.obj, template.shape, template.pod, "CREATE", template=template.where)
-    [policy_finding] = pinned_node_name.findings(review, state)
+def _pinned(workload: Workload, template: PinnedTemplate, state: ClusterState, config: Config) -> Finding:
+    """The server's message for the template, the nodes it suggests judged as the server's."""
+    review = Review(
+        template.obj,
+        template.shape,
+        template.pod,
+        "CREATE",
+        template=template.where,
+        scheduler_default=template.scheduler,
+    )
+    owners = config.policy(device_scheduler.NAME)
+    [policy_finding] = pinned_node_name.findings(review, state, config.node_admission, owners)
     node_name = str(template.shape.spec.get("nodeName"))
     node = state.nodes.get(node_name)
     rejects = node is None or bool(kubelet_admission(template.pod, node, state.usage(node.name)))
@@ -240,11 +256,15 @@ class StormGroup:
         return len(self.pods)
 
 
-def storm_groups(inventory: Inventory) -> list[StormGroup]:
-    """Rejected pods grouped by owner resolved to the top-level controller where known."""
+def storm_groups(inventory: Inventory, now: float | None = None) -> list[StormGroup]:
+    """Rejected pods grouped by owner resolved to the top-level controller where known. A pod
+    created after ``now`` (``--now`` before the snapshot was taken) had not been rejected yet."""
     groups: dict[tuple[str, str], StormGroup] = {}
     resolved: dict[str, Owner] = {}
     for pod in inventory.rejected:
+        created = _epoch(pod.created)
+        if now is not None and created is not None and created > now:
+            continue
         owner = pod.owner
         if owner is not None:
             if owner.uid not in resolved:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from .checks import PodUnderReview
 from .checks.sysctl import pod_sysctls
 from .config import POLICY_NAMES, Config
 from .engine import Decision, evaluate
@@ -23,7 +24,7 @@ from .kube.api_validation import check_resource_requirements
 from .kube.errors import FieldError
 from .kube.kinds import api_problem, namespaced
 from .kube.rejection import controller_owner
-from .kube.workloads import BUILT_IN, PodShape, WorkloadTable, pod_shape
+from .kube.workloads import BUILT_IN, TemplateShape, WorkloadTable, pod_shape
 from .manifests import HELM_HINT, TEMPLATE, Document, Location, ManifestError, Manifests, read_documents
 from .policies.node_admission import NO_CLUSTER_STATE
 from .state import ClusterState
@@ -175,7 +176,7 @@ def check_documents(
     moment = time.time() if now is None else now
 
     def judge(doc: Document) -> Result:
-        check_api_rules(doc.obj)
+        check_api_rules(doc.obj, config.workloads)
         decision = evaluate(doc.obj, operation, state, config, user=user, groups=groups, now=moment)
         if decision.unreadable:
             raise decision.unreadable
@@ -237,11 +238,12 @@ def place_in_namespace(obj: dict[str, Any], source: Manifests) -> None:
 # -- what the API server refuses ------------------------------------------------------------
 
 
-def check_api_rules(obj: Mapping[str, Any]) -> None:
+def check_api_rules(obj: Mapping[str, Any], workloads: WorkloadTable = BUILT_IN) -> None:
     """Raise ``FieldError`` for what the API server would refuse before the guard judged it:
-    an unrendered template, a version or kind it does not serve, resources it does not allow."""
+    an unrendered template, a version or kind it does not serve (an operator's kind in a
+    version its CRD does not serve too), resources it does not allow."""
     unrendered(obj)
-    problem = api_problem(obj["apiVersion"], obj["kind"])
+    problem = api_problem(obj["apiVersion"], obj["kind"]) or workloads.version_problem(obj)
     if problem is not None:
         raise FieldError(*problem)
     shape = pod_shape(obj)
@@ -292,14 +294,13 @@ def stateless_warnings(
     groups: tuple[str, ...],
 ) -> list[str]:
     """A warning for each check that needs cluster state and had none, naming the check, so
-    that ``--warnings-as-errors`` fails a run that could not check what it claims to.
+    that ``--warnings-as-errors`` fails a run that could not check what it claims to. Every
+    template counts: an operator's kind (a PyTorchJob's workers) warns as a Deployment does.
     (``nodeAdmission``'s check of a pod bound to a node warns from the engine itself.)"""
-    shape = pod_shape(obj)
-    if shape is None or decision.pod is None or operation not in ("CREATE", "UPDATE"):
+    if decision.pod is None or operation not in ("CREATE", "UPDATE"):
         return []
     namespace = str(_metadata(obj).get("namespace") or "default")
     name = _metadata(obj).get("name") or _metadata(obj).get("generateName") or "<unnamed>"
-    subject = f"{shape.kind} {namespace}/{name}"
 
     def active(policy: str) -> bool:
         return (
@@ -309,26 +310,31 @@ def stateless_warnings(
         )
 
     warnings = []
-    if active("deviceScheduler"):
-        warnings += _device_owner_unknown(subject, shape, decision, config)
-    if active("nodeAdmission") and not shape.spec.get("nodeName") and pod_sysctls(shape.spec):
+    for template in config.workloads.shapes(obj) or ():
+        shape = template.shape
+        where = f" ({template.where})" if template.where else ""
+        subject = f"{shape.kind} {namespace}/{name}{where}"
+        if active("deviceScheduler"):
+            warnings += _device_owner_unknown(subject, template, config)
+        if active("nodeAdmission") and not shape.spec.get("nodeName") and pod_sysctls(shape.spec):
+            warnings.append(
+                f"[nodeAdmission] {NO_CLUSTER_STATE}: {subject} sets sysctls "
+                f"({', '.join(pod_sysctls(shape.spec))}), but no cluster state was given, so the "
+                "nodes' sysctl allowlists were not checked (give --cluster)."
+            )
+    owner = controller_owner(obj)
+    if active("stormBreaker") and obj.get("kind") == "Pod" and operation == "CREATE" and owner:
         warnings.append(
-            f"[nodeAdmission] {NO_CLUSTER_STATE}: {subject} sets sysctls "
-            f"({', '.join(pod_sysctls(shape.spec))}), but no cluster state was given, so the nodes' "
-            "sysctl allowlists were not checked (give --cluster)."
-        )
-    if active("stormBreaker") and shape.kind == "Pod" and operation == "CREATE" and controller_owner(obj):
-        owner = controller_owner(obj)
-        warnings.append(
-            f"[stormBreaker] {NO_CLUSTER_STATE}: {subject} is created by {owner.kind} {owner.name}, "
-            "but no cluster state was given, so its owner's admission storms were not checked "
-            "(give --cluster)."
+            f"[stormBreaker] {NO_CLUSTER_STATE}: Pod {namespace}/{name} is created by {owner.kind} "
+            f"{owner.name}, but no cluster state was given, so its owner's admission storms were "
+            "not checked (give --cluster)."
         )
     return warnings
 
 
-def _device_owner_unknown(subject: str, shape: PodShape, decision: Decision, config: Config) -> list[str]:
+def _device_owner_unknown(subject: str, template: TemplateShape, config: Config) -> list[str]:
     settings = config.device_scheduler
+    shape = template.shape
     if not settings.autodetect:
         return []  # only configured owners count: cluster state would change nothing
     annotations = shape.metadata.get("annotations") or {}
@@ -336,12 +342,12 @@ def _device_owner_unknown(subject: str, shape: PodShape, decision: Decision, con
         return []
     unowned = sorted(
         resource
-        for resource, amount in decision.pod.record.requests.items()
+        for resource, amount in PodUnderReview.from_shape(shape).record.requests.items()
         if amount > 0 and settings.is_device(resource) and settings.configured_owner(resource) is None
     )
     if not unowned:
         return []
-    scheduler = shape.spec.get("schedulerName") or "default-scheduler"
+    scheduler = template.scheduler
     return [
         f"[deviceScheduler] {NO_CLUSTER_STATE}: {subject} asks for {', '.join(unowned)} with "
         f"schedulerName {scheduler!r}, but no owner is configured for it and no cluster state was "

@@ -21,12 +21,16 @@ from .checks import PodUnderReview
 from .checks.placement import placement, unpinned
 from .checks.scheduler import AFFINITY, PORTS, UNSCHEDULABLE, tolerations_of
 from .config import Config
-from .dryrun import judge_documents
+from .dryrun import check_api_rules, judge_documents
 from .manifests import ManifestError
+from .policies import device_scheduler
+from .policies.device_scheduler import REASON as MIXED
+from .policies.device_scheduler import owned_by_others
 from .state import ClusterState
 
 # Short words for the summary; resource shortages keep theirs (``Insufficient cpu``, ``OutOfcpu``).
 _WORDS = {
+    MIXED: "devices owned by another scheduler",
     "TaintToleration": "untolerated taint",
     "NodeAffinity": "node affinity/selector mismatch",
     "NodePorts": "host port conflict",
@@ -40,6 +44,8 @@ _WORDS = {
 def _word(reason: str) -> str:
     if reason.startswith("node(s) had untolerated taint"):
         return "untolerated taint"
+    if reason.startswith(f"{MIXED}:"):
+        return _WORDS[MIXED]
     return _WORDS.get(reason, reason)
 
 
@@ -145,20 +151,45 @@ def explain(
         shape = template.shape
         pod = unpinned(PodUnderReview.from_shape(shape))
         tolerations = tolerations_of(shape, pod.spec)
+        owners = owned_by_others(
+            pod.record.requests, template.scheduler, state, config.policy(device_scheduler.NAME)
+        )
         nodes = tuple(
-            NodeVerdict(node_name, not p.kubelet, tuple(f.reason for f in p.kubelet), p.scheduler)
+            NodeVerdict(
+                node_name,
+                not p.kubelet,
+                tuple(f.reason for f in p.kubelet),
+                (*p.scheduler, *_owned(owners, node, template.scheduler)),
+            )
             for node_name, node in sorted(state.nodes.items())
-            for p in (placement(pod, node, state, config.node_admission, tolerations),)
+            for p in (placement(pod, node, state, config.node_admission, tolerations, namespace),)
         )
         kind = shape.kind if not shape.is_template else str(obj.get("kind"))
         explained.append(Explanation(kind, namespace, name, nodes, template.where))
     return explained
 
 
+def _owned(owners, node, scheduler: str) -> tuple[str, ...]:
+    """Why the guard would deny a bind of the pod to ``node``: another scheduler owns its
+    devices there (``deviceScheduler``); a node the scheduler could pick, the guard refuses."""
+    conflicts = owners(node) if owners is not None else []
+    return tuple(
+        f"{MIXED}: {c.device} on {node.name} is handed out by {', '.join(c.others(scheduler))}"
+        for c in conflicts
+    )
+
+
 def explain_documents(
     files: Iterable[str], state: ClusterState, config: Config | None = None
 ) -> tuple[list[Explanation], list[ManifestError]]:
     """Every document of ``files`` explained, objects that create no pods left out; documents
-    or pods that cannot be read are input errors, as in the dry run."""
-    explained, errors = judge_documents(files, lambda doc: explain(doc.obj, state, config))
+    or pods that cannot be read, and what the API server would refuse, are input errors, as in
+    the dry run."""
+    config = config or Config()
+
+    def judge(doc):
+        check_api_rules(doc.obj, config.workloads)  # what the API server refuses, as ``check``
+        return explain(doc.obj, state, config)
+
+    explained, errors = judge_documents(files, judge)
     return [e for group in explained for e in group], errors

@@ -12,7 +12,6 @@ import re
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ import yaml
 from .config import Config, StormBreakerConfig, read_config
 from .engine import Decision, evaluate
 from .kube.errors import FieldError
+from .kube.timestamps import rfc3339_seconds
 from .manifests import Document, ManifestError, documents_in
 from .reader import Reader, ReadError, load_yaml
 from .state import ClusterState, node_from, pod_record
@@ -369,11 +369,10 @@ def _moment(where: Reader, value: Any, at: str) -> float:
     if value is None:
         return time.time()
     try:
-        moment = datetime.fromisoformat(str(value))
-    except ValueError:
-        where.fail(at, f"{value!r} is not an RFC 3339 time")
+        return rfc3339_seconds(str(value))
+    except ValueError as err:
+        where.fail(at, str(err))
         return time.time()
-    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
 
 
 def _object(where: Reader, raw: Mapping[str, Any], at: str, key: str) -> dict[str, Any]:
@@ -486,5 +485,9 @@ def run_suite(paths: list[str], pattern: str | None = None) -> SuiteRun:
             problems.append(str(err))
     if not files and not problems:
         problems.append(f"no *{SUFFIX} files under {', '.join(paths)}")
-    cases = select([(f, c) for f in files for c in f.cases], pattern)
+    every = [(f, c) for f in files for c in f.cases]
+    cases = select(every, pattern)
+    if pattern and every and not cases:
+        # A filter that selects nothing passes nothing: CI must not go green on a typo.
+        problems.append(f"--run {pattern!r} selects none of the {len(every)} cases under {', '.join(paths)}")
     return SuiteRun(tuple(run_case(f, c) for f, c in cases), tuple(problems))

@@ -76,10 +76,7 @@ class Reader:
         if allowed is not None:
             for key in data:
                 if key not in allowed:
-                    self.fail(
-                        f"{where}.{key}" if where else str(key),
-                        f"unknown field (expected one of {', '.join(sorted(allowed))})",
-                    )
+                    self.fail(f"{where}.{key}" if where else str(key), _unknown(str(key), allowed))
         return data
 
     def sequence(self, data: Any, where: str) -> list[Any]:
@@ -106,3 +103,11 @@ class Reader:
             self.fail(where, "must be true or false")
             return default
         return data
+
+
+def _unknown(key: str, allowed) -> str:
+    """The message for a field not in ``allowed``: the one it differs from only in case is
+    named first (``stormbreaker`` for ``stormBreaker``), then every field it may be."""
+    expected = f"expected one of {', '.join(sorted(allowed))}"
+    same = [name for name in allowed if name.lower() == key.lower()]
+    return f"unknown field: did you mean {same[0]}? ({expected})" if same else f"unknown field ({expected})"

@@ -10,12 +10,13 @@ Both count the cluster's nodes the same way.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
 from ..kube.resources import is_extended_resource
 from ..state.model import ClusterState, Node
+from .dynamic_resources import dynamic_resources
 from .failure import Failure
 from .kubelet import PodUnderReview, kubelet_admission
 from .scheduler import placeable, scheduler_filters
@@ -65,9 +66,14 @@ def placement(
     state: ClusterState,
     config: SysctlAllowlists | None = None,
     tolerations: list | None = None,
+    namespace: str = "default",
 ) -> Placement:
-    """``pod`` (unpinned) on ``node``: the scheduler's filters and the kubelet's admission."""
+    """``pod`` (unpinned) on ``node``: the scheduler's filters (its claims' devices included)
+    and the kubelet's admission. ``namespace``: the pod's, where its claims live."""
     scheduler = scheduler_filters(pod, node, state.usage(node.name), tolerations)
+    claims = dynamic_resources(pod.spec, namespace, node, state)
+    if claims is not None:
+        scheduler.append(claims)
     return Placement(node.name, tuple(scheduler), tuple(verdict(pod, node, state, config)))
 
 
@@ -77,6 +83,7 @@ def fits(
     state: ClusterState,
     config: SysctlAllowlists | None = None,
     tolerations: list | None = None,
+    namespace: str = "default",
 ) -> bool:
     """``placement(...).fits``, the cheapest questions first (a message asks it of many nodes)."""
     if tolerations is None:
@@ -84,8 +91,10 @@ def fits(
         tolerations = raw if isinstance(raw, list) else []
     if not placeable(pod.spec, node, tolerations):
         return False
-    return not scheduler_filters(pod, node, state.usage(node.name), tolerations) and not verdict(
-        pod, node, state, config
+    return (
+        not scheduler_filters(pod, node, state.usage(node.name), tolerations)
+        and dynamic_resources(pod.spec, namespace, node, state) is None
+        and not verdict(pod, node, state, config)
     )
 
 
@@ -112,10 +121,13 @@ def candidates(
     skip: Iterable[str] = (),
     config: SysctlAllowlists | None = None,
     tolerations: list | None = None,
+    namespace: str = "default",
+    refused: Callable[[Node], bool] | None = None,
 ) -> Candidates:
     """A few nodes where ``pod`` fits (the scheduler would pick them, the kubelet would admit it);
     stops at ``MESSAGE_NAMES`` found or ``MESSAGE_SCAN`` examined. ``skip``: nodes known to
-    reject it, not examined again but counted, as ``explain`` counts them."""
+    reject it, not examined again but counted, as ``explain`` counts them. ``refused``: nodes
+    a policy would deny it on (another scheduler owns its devices there): never suggested."""
     pod, skipped = unpinned(pod), set(skip)
     admitting: list[str] = []
     scanned = 0
@@ -124,7 +136,9 @@ def candidates(
             break
         scanned += 1
         node = state.nodes.get(name)
-        if node is not None and name not in skipped and fits(pod, node, state, config, tolerations):
+        if node is None or name in skipped or (refused is not None and refused(node)):
+            continue
+        if fits(pod, node, state, config, tolerations, namespace):
             admitting.append(name)
     return Candidates(tuple(admitting), scanned, len(state.nodes))
 

@@ -65,7 +65,7 @@ def check(
 
     config = load_config(config_path)
     reading = render.Progress(sys.stderr, line="read {:,} snapshot objects...")
-    view = dry_run_state(cluster, kubeconfig, context, config, on_object=reading.tick)
+    view = dry_run_state(cluster, kubeconfig, context, config, on_object=reading.tick, as_of=now)
     reading.done()
     moment = view.judged_at(now)
     progress = render.Progress(sys.stderr)

@@ -13,7 +13,6 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 import click
@@ -96,13 +95,14 @@ def now_option(command):
 
 
 def _rfc3339(_context, _param, value: str | None) -> float | None:
+    from ..kube.timestamps import rfc3339_seconds
+
     if value is None:
         return None
     try:
-        moment = datetime.fromisoformat(value)
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not an RFC 3339 time (2026-01-01T12:00:00Z)") from None
-    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
+        return rfc3339_seconds(value)
+    except ValueError as err:
+        raise click.BadParameter(str(err)) from None
 
 
 def junit_option(what: str):
@@ -196,10 +196,12 @@ def dry_run_state(
     context: str | None,
     config: Config | None = None,
     on_object=None,
+    as_of: float | None = None,
 ) -> ClusterView:
     """The snapshot files, or one list of the named live cluster; no state when neither is
-    given. With a config, Failed pods feed its storm breakers. Files that hold no cluster (no
-    Node: a manifest, a table) are an input error."""
+    given. With a config, Failed pods feed its storm breakers, as they stood at ``as_of``
+    (``--now``) when given. Files that hold no cluster (no Node: a manifest, a table) are an
+    input error."""
     storm = config.storm_breaker if config is not None else None
     with reading_cluster():
         origin = state_origin(cluster, kubeconfig, context)
@@ -207,7 +209,7 @@ def dry_run_state(
             return ClusterView(origin.dry_run_state(storm), live=True)
         if not cluster:
             return ClusterView(None)
-        snapshot = origin.read_snapshot(storm, on_object)
+        snapshot = origin.read_snapshot(storm, on_object, as_of)
     missing = snapshot.facts.missing()
     if missing:
         raise InputError(f"cluster snapshot {', '.join(cluster)} {missing}")

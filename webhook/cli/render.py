@@ -286,12 +286,20 @@ def audit_report(report: Report, output: str, now: float, warnings: list[str] = 
         f"the kubelet), {scanned['workloads']} workloads; judged at {rfc3339(now)}",
         err=True,
     )
-    for finding_type, why in report.not_judged.items():
-        click.echo(_wrapped(f"not judged: {finding_type}: {why}", "", sys.stderr), err=True)
+    for why, types in _by_reason(report.not_judged).items():
+        click.echo(_wrapped(f"not judged: {', '.join(types)}: {why}", "", sys.stderr), err=True)
     for warning in warnings:
         click.echo(_wrapped(f"WARNING {warning}", "", sys.stderr), err=True)
     counts = ", ".join(f"{n} {t}" for t, n in report.summary["byType"].items() if n)
     click.echo(f"{len(report.findings)} findings{': ' + counts if counts else ''}", err=True)
+
+
+def _by_reason(not_judged: dict[str, str]) -> dict[str, list[str]]:
+    """The finding types not judged, grouped by why: one line per missing input."""
+    grouped: dict[str, list[str]] = {}
+    for finding_type, why in not_judged.items():
+        grouped.setdefault(why, []).append(finding_type)
+    return grouped
 
 
 def audit_junit(report: Report, path: str) -> None:

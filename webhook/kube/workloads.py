@@ -2,9 +2,9 @@
 
 Built-in kinds are recognised by API group as well as kind, so a custom
 ``batch.volcano.sh/v1alpha1 Job`` is not mistaken for a ``batch/v1 Job``. Custom resources of
-the operators GPU clusters run (Volcano, JobSet, Kubeflow, KubeRay, LeaderWorkerSet, Kubeflow
-Trainer) are found through a table of template paths (``WORKLOADS``), which users extend in
-config (``workloads:``) without code.
+the operators GPU clusters run (Volcano, JobSet, Kubeflow, KubeRay, LeaderWorkerSet and its
+DisaggregatedSet, Kubeflow Trainer) are found through a table of template paths
+(``WORKLOADS``), which users extend in config (``workloads:``) without code.
 """
 
 from __future__ import annotations
@@ -166,16 +166,41 @@ class WorkloadKind:
     scheduler_name: FieldPath | None = None
     scheduler_default: str | None = None
     source: str = ""  # where the paths come from, for the docs
+    # The versions the operator's CRD serves, the stored one first; empty: any (a kind users
+    # add in config, whose CRD the guard does not know).
+    versions: tuple[str, ...] = ()
 
     @classmethod
-    def of(cls, api_version: str, kind: str, templates, scheduler_name=None, default=None, source=""):
+    def of(
+        cls, api_version: str, kind: str, templates, scheduler_name=None, default=None, source="", served=()
+    ):
         group = api_version.rsplit("/", 1)[0] if "/" in api_version else ""
         scheduler = FieldPath.parse(scheduler_name) if scheduler_name else None
-        return cls(group, kind, tuple(map(FieldPath.parse, templates)), scheduler, default, source)
+        templates = tuple(map(FieldPath.parse, templates))
+        return cls(group, kind, templates, scheduler, default, source, tuple(served))
+
+    def version_problem(self, api_version: str) -> tuple[str, str] | None:
+        """Why the API server would not take this kind in ``api_version`` (its CRD serves other
+        versions), as (field, message); None when it is served, or any version is taken."""
+        version = api_version.rsplit("/", 1)[-1]
+        if not self.versions or version in self.versions:
+            return None
+        served = ", ".join(self.versions)
+        return "apiVersion", (
+            f"the API server does not serve {self.kind} in {api_version} (its CRD serves {served}; "
+            f"{self.source}): use apiVersion: {self.group}/{self.versions[0]}"
+        )
 
 
 _RAY_CLUSTER = ("headGroupSpec.template", "workerGroupSpecs[*].template")
+_RAY_JOB = (*(f"rayClusterSpec.{p}" for p in _RAY_CLUSTER), "submitterPodTemplate")
 _KUBEFLOW = "kubeflow/training-operator pkg/apis/kubeflow.org/v1 (ReplicaSpec.Template)"
+_VOLCANO_JOB = "volcano-sh/apis pkg/apis/batch/v1alpha1/job.go (JobSpec.SchedulerName, TaskSpec.Template)"
+_LWS = ("leaderWorkerTemplate.leaderTemplate", "leaderWorkerTemplate.workerTemplate")
+# The versions each CRD serves (its config/crd bases): KubeRay still serves the deprecated
+# v1alpha1 of its first three kinds; MPIJob is v2beta1 of mpi-operator and v1 of the training
+# operator, with the same mpiReplicaSpecs.
+_V1, _V1ALPHA1, _RAY = ("v1",), ("v1alpha1",), ("v1", "v1alpha1")
 
 # Each project's own API types; the citations say where. Scheduler names: Volcano's Job
 # controller gives a pod the Job's spec.schedulerName when its template has none
@@ -185,50 +210,72 @@ _KUBEFLOW = "kubeflow/training-operator pkg/apis/kubeflow.org/v1 (ReplicaSpec.Te
 WORKLOADS: tuple[WorkloadKind, ...] = (
     WorkloadKind.of(
         "batch.volcano.sh/v1alpha1", "Job", ["spec.tasks[*].template"], "spec.schedulerName", "volcano",
-        "volcano-sh/apis pkg/apis/batch/v1alpha1/job.go (JobSpec.SchedulerName, TaskSpec.Template)",
+        _VOLCANO_JOB, _V1ALPHA1,
     ),
     WorkloadKind.of(
         "batch.volcano.sh/v1alpha1", "CronJob", ["spec.jobTemplate.spec.tasks[*].template"],
         "spec.jobTemplate.spec.schedulerName", "volcano",
-        "volcano-sh/apis pkg/apis/batch/v1alpha1 (CronJobSpec.JobTemplate)",
+        "volcano-sh/apis pkg/apis/batch/v1alpha1 (CronJobSpec.JobTemplate)", _V1ALPHA1,
+    ),
+    # A JobFlow creates a Volcano Job from each JobTemplate's spec (a batch JobSpec).
+    WorkloadKind.of(
+        "flow.volcano.sh/v1alpha1", "JobTemplate", ["spec.tasks[*].template"], "spec.schedulerName",
+        "volcano", "volcano-sh/apis pkg/apis/flow/v1alpha1/jobtemplate_types.go (Spec: batch JobSpec)",
+        _V1ALPHA1,
     ),
     WorkloadKind.of(
         "jobset.x-k8s.io/v1alpha2", "JobSet", ["spec.replicatedJobs[*].template.spec.template"],
         source="kubernetes-sigs/jobset api/jobset/v1alpha2/jobset_types.go (ReplicatedJob.Template)",
+        served=("v1alpha2",),
     ),
-    WorkloadKind.of("kubeflow.org/v1", "PyTorchJob", ["spec.pytorchReplicaSpecs.*.template"],
-                    source=_KUBEFLOW),
-    WorkloadKind.of("kubeflow.org/v1", "TFJob", ["spec.tfReplicaSpecs.*.template"], source=_KUBEFLOW),
-    WorkloadKind.of("kubeflow.org/v1", "XGBoostJob", ["spec.xgbReplicaSpecs.*.template"], source=_KUBEFLOW),
-    WorkloadKind.of("kubeflow.org/v1", "PaddleJob", ["spec.paddleReplicaSpecs.*.template"], source=_KUBEFLOW),
-    WorkloadKind.of("kubeflow.org/v1", "JAXJob", ["spec.jaxReplicaSpecs.*.template"], source=_KUBEFLOW),
+    *(
+        WorkloadKind.of("kubeflow.org/v1", kind, [f"spec.{field}.*.template"], source=_KUBEFLOW, served=_V1)
+        for kind, field in (
+            ("PyTorchJob", "pytorchReplicaSpecs"),
+            ("TFJob", "tfReplicaSpecs"),
+            ("XGBoostJob", "xgbReplicaSpecs"),
+            ("PaddleJob", "paddleReplicaSpecs"),
+            ("JAXJob", "jaxReplicaSpecs"),
+        )
+    ),
     WorkloadKind.of(
         "kubeflow.org/v2beta1", "MPIJob", ["spec.mpiReplicaSpecs.*.template"],
         source="kubeflow/mpi-operator pkg/apis/kubeflow/v2beta1/types.go (MPIReplicaSpecs)",
+        served=("v2beta1", "v1"),
     ),
     WorkloadKind.of(
         "ray.io/v1", "RayCluster", [f"spec.{p}" for p in _RAY_CLUSTER],
-        source="ray-project/kuberay ray-operator/apis/ray/v1/raycluster_types.go",
+        source="ray-project/kuberay ray-operator/apis/ray/v1/raycluster_types.go", served=_RAY,
     ),
     WorkloadKind.of(
-        "ray.io/v1", "RayJob",
-        [*(f"spec.rayClusterSpec.{p}" for p in _RAY_CLUSTER), "spec.submitterPodTemplate"],
-        source="ray-project/kuberay ray-operator/apis/ray/v1/rayjob_types.go",
+        "ray.io/v1", "RayJob", [f"spec.{p}" for p in _RAY_JOB],
+        source="ray-project/kuberay ray-operator/apis/ray/v1/rayjob_types.go", served=_RAY,
     ),
     WorkloadKind.of(
         "ray.io/v1", "RayService", [f"spec.rayClusterConfig.{p}" for p in _RAY_CLUSTER],
-        source="ray-project/kuberay ray-operator/apis/ray/v1/rayservice_types.go",
+        source="ray-project/kuberay ray-operator/apis/ray/v1/rayservice_types.go", served=_RAY,
     ),
     WorkloadKind.of(
-        "leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet",
-        ["spec.leaderWorkerTemplate.leaderTemplate", "spec.leaderWorkerTemplate.workerTemplate"],
-        source="kubernetes-sigs/lws api/leaderworkerset/v1/leaderworkerset_types.go",
+        "ray.io/v1", "RayCronJob", [f"spec.jobTemplate.{p}" for p in _RAY_JOB],
+        source="ray-project/kuberay ray-operator/apis/ray/v1/raycronjob_types.go (JobTemplate: a RayJobSpec)",
+        served=_V1,
+    ),
+    WorkloadKind.of(
+        "leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet", [f"spec.{p}" for p in _LWS],
+        source="kubernetes-sigs/lws api/leaderworkerset/v1/leaderworkerset_types.go", served=_V1,
+    ),
+    WorkloadKind.of(
+        "disaggregatedset.x-k8s.io/v1", "DisaggregatedSet", [f"spec.roles[*].spec.{p}" for p in _LWS],
+        source="kubernetes-sigs/lws api/disaggregatedset/v1/disaggregatedset_types.go "
+        "(DisaggregatedRoleSpec: a LeaderWorkerSetTemplateSpec)",
+        served=_V1,
     ),
     *(
         WorkloadKind.of(
             "trainer.kubeflow.org/v1alpha1", kind,
             ["spec.template.spec.replicatedJobs[*].template.spec.template"],
             source="kubeflow/trainer pkg/apis/trainer/v1alpha1/trainingruntime_types.go (a JobSet template)",
+            served=_V1ALPHA1,
         )
         for kind in ("ClusterTrainingRuntime", "TrainingRuntime")
     ),
@@ -302,6 +349,15 @@ class WorkloadTable:
         for a built-in custom resource)."""
         by_kind = {(k.group, k.kind): k for k in kinds}
         return cls(tuple(by_kind.values()), by_kind)
+
+    def version_problem(self, obj: Mapping[str, Any]) -> tuple[str, str] | None:
+        """Why the API server would not take ``obj``: a kind of this table in a version its
+        CRD does not serve (a Volcano ``batch.volcano.sh/v1`` Job), as (field, message)."""
+        workload = self.kind_of(obj)
+        api_version = obj.get("apiVersion")
+        if workload is None or not isinstance(api_version, str):
+            return None
+        return workload.version_problem(api_version)
 
     def kind_of(self, obj: Mapping[str, Any]) -> WorkloadKind | None:
         kind = obj.get("kind")

@@ -20,6 +20,7 @@ Allocations in flight (allowed, not yet in the watch) are the allocation guard's
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -158,7 +159,30 @@ def _pinned_claim(review: Review, entry: Mapping[str, Any], node: str, state: Cl
             f"would retry the prepare forever. {instead}",
             node,
         )
-    return claim_elsewhere(pod, allocation, node, state, instead)
+    return claim_elsewhere(pod, allocation, node, state, _stay_with(allocation, state))
+
+
+CLAIM_NODES_NAMED = 3  # nodes a message names where an allocated claim's devices are usable
+
+
+def _stay_with(allocation, state: ClusterState) -> str:
+    """Advice for a pod whose claim is allocated for other nodes: the scheduler never moves an
+    allocated claim, so node affinity on the pinned node would leave it Pending forever; it
+    must go where the claim is, or get a claim of its own."""
+    selector = allocation.node_selector
+    if selector is None:
+        return ""  # usable on every node: never "elsewhere"
+    # A message must not scan the cluster: the first few matching nodes are enough to name.
+    matching = (name for name, n in state.nodes.items() if selector.matches(n.labels, name))
+    nodes = list(itertools.islice(matching, CLAIM_NODES_NAMED + 1))
+    named = ", ".join(nodes[:CLAIM_NODES_NAMED]) + (" and more" if len(nodes) > CLAIM_NODES_NAMED else "")
+    where = f"allocated on {named}" if nodes else "allocated for nodes not in the cluster state"
+    return (
+        f"The scheduler never moves an allocated claim ({where}): run the pod there (spec.nodeName, "
+        "or required node affinity on metadata.name), or give it a new claim (a "
+        "resourceClaimTemplateName, or a claim of its own) and drop spec.nodeName so the scheduler "
+        "allocates it where the pod goes."
+    )
 
 
 def claim_elsewhere(pod: str, allocation, node: str, state: ClusterState, then: str) -> Finding | None:

@@ -21,7 +21,7 @@ one scheduler on one GPU pool and another on the next, and they never collide.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any
@@ -314,6 +314,19 @@ def node_conflicts(
             if owner.others(scheduler):
                 found.append(owner)
     return found
+
+
+def owned_by_others(
+    requests: Mapping[str, int], scheduler: str, state: ClusterState, config: DeviceSchedulerConfig | None
+) -> Callable[[Node], list[NodeOwner]] | None:
+    """For the nodes a message or ``explain`` suggests: on which a pod of ``scheduler`` asking
+    for ``requests`` would race another scheduler for its devices (what a bind there is denied
+    for). None when nothing can race: the policy is off, or the pod asks for no device."""
+    if config is None or config.mode == "off":
+        return None
+    if not any(amount > 0 and config.is_device(resource) for resource, amount in requests.items()):
+        return None
+    return lambda node: node_conflicts(requests, scheduler, node, state, config)
 
 
 def bind_message(pod: str, scheduler: str, node: str, conflicts: list[NodeOwner], state: ClusterState) -> str:

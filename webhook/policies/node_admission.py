@@ -20,7 +20,8 @@ from ..kube.reasons import SYSCTL_FORBIDDEN
 from ..kube.sysctls import namespace_of, normalize
 from ..kube.tolerations import untolerated_taint
 from ..state.model import is_mirror
-from . import NO_FIX, POD_FIELDS, Context, Finding, Review, read_mode
+from . import NO_FIX, POD_FIELDS, Context, Finding, Review, device_scheduler, read_mode
+from .device_scheduler import owned_by_others
 
 if TYPE_CHECKING:
     from ..reader import Reader
@@ -199,7 +200,15 @@ def check(review: Review, context: Context) -> list[Finding]:
     if not failures:
         return []
     elsewhere = candidates(
-        review.pod, state, skip=(node_name,), config=config, tolerations=tolerations_of(review.shape)
+        review.pod,
+        state,
+        skip=(node_name,),
+        config=config,
+        tolerations=tolerations_of(review.shape),
+        namespace=review.namespace,
+        refused=owned_by_others(
+            review.pod.record.requests, review.scheduler, state, context.config.policy(device_scheduler.NAME)
+        ),
     ).sentence()
     return [
         Finding(

@@ -17,11 +17,13 @@ from ..checks.placement import candidates, verdict
 from ..checks.scheduler import tolerations_of
 from ..kube.errors import FieldError
 from ..kube.selectors import is_empty_term
-from . import ALL_MODES, POD_SHAPE, Context, Finding, Patch, Review, StaticPolicy, read_mode
+from . import ALL_MODES, POD_SHAPE, Context, Finding, Patch, Review, StaticPolicy, device_scheduler, read_mode
+from .device_scheduler import owned_by_others
 
 if TYPE_CHECKING:
     from ..reader import Reader
     from ..state import ClusterState
+    from .device_scheduler import DeviceSchedulerConfig
     from .node_admission import NodeAdmissionConfig
 
 NAME = "pinnedNodeName"
@@ -47,14 +49,19 @@ def read_settings(reader: Reader, data: Any, where: str) -> PinnedNodeNameConfig
 
 
 def check(review: Review, context: Context) -> list[Finding]:
-    """Node capacity in the message is judged with ``nodeAdmission``'s sysctl allowlists."""
-    return findings(review, context.state, context.config.node_admission)
+    """Node capacity in the message is judged with ``nodeAdmission``'s sysctl allowlists; the
+    nodes it suggests are never ones another scheduler owns (``deviceScheduler``)."""
+    owners = context.config.policy(device_scheduler.NAME)
+    return findings(review, context.state, context.config.node_admission, owners)
 
 
 def findings(
-    review: Review, state: ClusterState | None, node_config: NodeAdmissionConfig | None = None
+    review: Review,
+    state: ClusterState | None,
+    node_config: NodeAdmissionConfig | None = None,
+    owners: DeviceSchedulerConfig | None = None,
 ) -> list[Finding]:
-    """The finding for a pinned template; ``audit`` asks it without a config."""
+    """The finding for a pinned template; ``audit`` asks it with its config too."""
     shape = review.shape
     node = shape.spec.get("nodeName")
     if not shape.is_template or not node:
@@ -63,7 +70,7 @@ def findings(
         # Existing objects must stay updatable (finalizers, labels, scale); a scale-up onto a
         # node that would reject the new pods is said, not refused.
         return scaled_up(review, state, node, node_config)
-    verdict_now = _kubelet_verdict(review, state, node, node_config)
+    verdict_now = _kubelet_verdict(review, state, node, node_config, owners)
     message = (
         f"{review.description} sets {_field(shape)} to {node!r}: its pods skip the scheduler, "
         f"and every pod the kubelet rejects is replaced at once. {verdict_now} "
@@ -141,7 +148,11 @@ def _field(shape) -> str:
 
 
 def _kubelet_verdict(
-    review: Review, state: ClusterState | None, node_name: str, node_config: NodeAdmissionConfig | None
+    review: Review,
+    state: ClusterState | None,
+    node_name: str,
+    node_config: NodeAdmissionConfig | None,
+    owners: DeviceSchedulerConfig | None = None,
 ) -> str:
     if state is None:
         return "(No cluster state given, so node capacity was not checked.)"
@@ -149,23 +160,33 @@ def _kubelet_verdict(
         return f"(Node capacity was not checked: {review.unreadable}.)"
     node = state.nodes.get(node_name)
     if node is None:
-        elsewhere = _elsewhere(review, state, node_name, node_config)
+        elsewhere = _elsewhere(review, state, node_name, node_config, owners)
         return f"Node {node_name} is not in the cluster state: no kubelet would run its pods. {elsewhere}"
     failures = verdict(review.pod, node, state, node_config)
     if failures:
         summaries = "; ".join(f.summary() for f in failures)
-        elsewhere = _elsewhere(review, state, node_name, node_config)
+        elsewhere = _elsewhere(review, state, node_name, node_config, owners)
         return f"Node {node_name} would reject it: {summaries}. {elsewhere}"
     return f"Node {node_name} would admit one pod now; the next pod that does not fit fails."
 
 
 def _elsewhere(
-    review: Review, state: ClusterState, node_name: str, node_config: NodeAdmissionConfig | None
+    review: Review,
+    state: ClusterState,
+    node_name: str,
+    node_config: NodeAdmissionConfig | None,
+    owners: DeviceSchedulerConfig | None = None,
 ) -> str:
-    """Where its pods fit instead: the scheduler's filters and the kubelet's admission."""
-    tolerations = tolerations_of(review.shape)
+    """Where its pods fit instead: the scheduler's filters (its claims' devices included), the
+    kubelet's admission, and no other scheduler owning its devices there."""
     return candidates(
-        review.pod, state, skip=(node_name,), config=node_config, tolerations=tolerations
+        review.pod,
+        state,
+        skip=(node_name,),
+        config=node_config,
+        tolerations=tolerations_of(review.shape),
+        namespace=review.namespace,
+        refused=owned_by_others(review.pod.record.requests, review.scheduler, state, owners),
     ).sentence()
 
 

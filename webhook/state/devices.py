@@ -23,6 +23,7 @@ from ..kube.dra import (
     DeviceClass,
     DeviceKey,
     DeviceTaintRule,
+    NodeSelection,
     PoolKey,
     ResourceSlice,
     claim_allocation_from,
@@ -379,6 +380,26 @@ class DeviceIndex:
             if piece.generation == generation:
                 pool.add(piece)
 
+    def free_devices_on(self, node: str, labels: Mapping[str, str], enough: int) -> int:
+        """How many devices of current pool generations the node can use that no claim holds
+        (a device that allows multiple allocations always counts), up to ``enough``: what the
+        scheduler could still allocate there. Device classes' selectors are not evaluated:
+        any device counts, so this rules nodes out, never in."""
+        found = 0
+        for pool in list(self._pools.values()):
+            for name in pool.slices:
+                piece = self._slices.get(name)
+                if piece is None:
+                    continue
+                for device in piece.devices:
+                    where = device.node if piece.per_device_node_selection else piece.node
+                    free = device.allow_multiple_allocations or not self.use((*piece.pool_key, device.name))
+                    if free and _usable(where, node, labels):
+                        found += 1
+                        if found >= enough:
+                            return found
+        return found
+
     def pool(self, driver: str, name: str) -> Pool | None:
         return self._pools.get((driver, name))
 
@@ -472,3 +493,15 @@ def index_of(
     for obj in taint_rules:
         index.set_taint_rule(obj)
     return index
+
+
+def _usable(where: NodeSelection | None, node: str, labels: Mapping[str, str]) -> bool:
+    """Whether devices published for ``where`` are usable on ``node`` (a slice's nodeName,
+    allNodes or nodeSelector; a device's own with perDeviceNodeSelection)."""
+    if where is None:
+        return False
+    if where.all_nodes:
+        return True
+    if where.node_name:
+        return where.node_name == node
+    return where.node_selector is not None and where.node_selector.matches(labels, node)

@@ -18,10 +18,11 @@ from typing import IO, Any
 from ..checks import PodUnderReview
 from ..kube.errors import FieldError
 from ..kube.rejection import Owner, admission_rejection, controller_owner
-from ..kube.workloads import BUILT_IN, PodShape, TemplateShape, WorkloadTable, pod_shape
+from ..kube.workloads import BUILT_IN, PodShape, TemplateShape, WorkloadTable, api_group, pod_shape
 from ..manifests import Document, ManifestError
+from .devices import DeviceIndex
 from .model import ClusterState, node_from, object_key, pod_record
-from .snapshot import SnapshotError, SnapshotFacts, read_snapshot
+from .snapshot import DRA_KINDS, SnapshotError, SnapshotFacts, read_snapshot
 
 # The workload kinds the audit reads, as (list resource, kind, apiVersion): a live list's items
 # carry neither kind nor apiVersion, so the reader stamps them from here.
@@ -35,6 +36,12 @@ WORKLOAD_RESOURCES = (
     ("replicationcontrollers", "ReplicationController", "v1"),
 )
 LIVE_RESOURCES = (("nodes", "Node", "v1"), ("pods", "Pod", "v1"), *WORKLOAD_RESOURCES)
+# DRA, listed where the cluster serves resource.k8s.io/v1: the audit's device findings.
+DRA_RESOURCES = (
+    ("resourceslices", "ResourceSlice", "resource.k8s.io/v1"),
+    ("resourceclaims", "ResourceClaim", "resource.k8s.io/v1"),
+    ("deviceclasses", "DeviceClass", "resource.k8s.io/v1"),
+)
 WORKLOAD_KINDS = frozenset(kind for _, kind, _ in WORKLOAD_RESOURCES)
 
 
@@ -46,6 +53,7 @@ class PinnedTemplate:
     shape: PodShape
     pod: PodUnderReview
     where: str = ""  # a custom resource's template (``spec.tasks[0].template``)
+    scheduler: str | None = None  # the scheduler its pods get when their spec names none
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +94,7 @@ class Inventory:
     # pods a scheduler placed from pods whose controller pinned nodeName.
     device_pod_owners: dict[str, Owner] = field(default_factory=dict)
     pods_read: int = 0  # every pod, terminal ones included
+    claims_listed: bool = False  # a live list of ResourceClaims ran (none found is then clean)
     facts: SnapshotFacts = field(default_factory=SnapshotFacts)  # what was read, for the report
     _by_uid: dict[str, Workload] = field(default_factory=dict)
     _by_name: dict[tuple[str, str, str], Workload] = field(default_factory=dict)
@@ -126,6 +135,16 @@ class InventoryBuilder:
             self._add_pod(obj)
         elif (kind in WORKLOAD_KINDS and pod_shape(obj) is not None) or self.workloads.kind_of(obj):
             self._add_workload(obj, self.workloads.shapes(obj) or [])
+        elif kind in DRA_KINDS and api_group(obj) == "resource.k8s.io":
+            self._add_dra(obj)
+
+    def _add_dra(self, obj: Mapping[str, Any]) -> None:
+        """A ResourceSlice, ResourceClaim, DeviceClass or DeviceTaintRule, into the device index
+        the audit's device findings read, as the snapshot loader and the informer fill it."""
+        state = self.inventory.state
+        if state.devices is None:
+            state.devices = DeviceIndex()
+        DRA_KINDS[obj["kind"]](state.devices, obj)
 
     def _add_pod(self, pod: Mapping[str, Any]) -> None:
         inventory = self.inventory
@@ -164,7 +183,7 @@ class InventoryBuilder:
         uid = str(metadata.get("uid") or "")
         # Only pinned templates are judged, so only theirs are kept (and validated now).
         pinned = tuple(
-            PinnedTemplate(obj, t.shape, PodUnderReview.from_shape(t.shape), t.where)
+            PinnedTemplate(obj, t.shape, PodUnderReview.from_shape(t.shape), t.where, t.scheduler)
             for t in templates
             if t.shape.spec.get("nodeName")
         )
@@ -265,7 +284,9 @@ def live_inventory(
     """
     builder = InventoryBuilder(workloads)
     problems: list[str] = []
-    for resource, kind, api_version in (*LIVE_RESOURCES, *served_custom_resources(api, workloads)):
+    dra = DRA_RESOURCES if _serves_dra(api) else ()
+    builder.inventory.claims_listed = bool(dra)
+    for resource, kind, api_version in (*LIVE_RESOURCES, *dra, *served_custom_resources(api, workloads)):
         for count, obj in enumerate(_pages(api, resource, page_size), 1):
             obj.setdefault("kind", kind)
             obj.setdefault("apiVersion", api_version)
@@ -281,6 +302,17 @@ def live_inventory(
     if problems:
         raise SnapshotError(problems)
     return builder.inventory
+
+
+def _serves_dra(api) -> bool:
+    """Whether the cluster serves ``resource.k8s.io/v1``; a discovery that fails counts as no
+    (the audit then says its device findings were not judged)."""
+    from .apiserver import DRA_GROUP_VERSION, ApiError  # the HTTP client: live reads only
+
+    try:
+        return api.serves(DRA_GROUP_VERSION)
+    except ApiError:
+        return False
 
 
 def served_custom_resources(api, workloads: WorkloadTable) -> list[tuple[str, str, str]]:

@@ -82,11 +82,15 @@ class StateOrigin:
             raise StateError("cluster snapshot:\n  " + "\n  ".join(err.problems)) from None
 
     def read_snapshot(
-        self, storm: StormBreakerConfig | None = None, on_object: Callable[[int], None] | None = None
+        self,
+        storm: StormBreakerConfig | None = None,
+        on_object: Callable[[int], None] | None = None,
+        as_of: float | None = None,
     ) -> Snapshot:
-        """The snapshot files' state and what they held (``on_object``: objects read so far)."""
+        """The snapshot files' state and what they held (``on_object``: objects read so far;
+        ``as_of``: the storm breakers as they stood at that time)."""
         try:
-            return read_cluster_snapshot(self.snapshots, storm, on_object)
+            return read_cluster_snapshot(self.snapshots, storm, on_object, as_of)
         except SnapshotError as err:
             raise StateError("cluster snapshot:\n  " + "\n  ".join(err.problems)) from None
 

@@ -141,10 +141,11 @@ def read_cluster_snapshot(
     paths: Iterable[str],
     storm: StormBreakerConfig | None = None,
     on_object: Callable[[int], None] | None = None,
+    as_of: float | None = None,
 ) -> Snapshot:
     """``load_snapshot``, with what the files held. ``on_object`` hears how many objects were
-    read so far (a progress line)."""
-    return read_snapshot(paths, lambda documents: _build(documents, storm, on_object))
+    read so far (a progress line); ``as_of``: the breakers as they stood then (``--now``)."""
+    return read_snapshot(paths, lambda documents: _build(documents, storm, on_object, as_of))
 
 
 def read_snapshot(paths: Iterable[str], build: Callable[[Iterable[Document | ManifestError]], T]) -> T:
@@ -176,8 +177,9 @@ def _build(
     documents: Iterable[Document | ManifestError],
     storm: StormBreakerConfig | None,
     on_object: Callable[[int], None] | None = None,
+    as_of: float | None = None,
 ) -> Snapshot:
-    state = ClusterState(StormBreakers.from_config(storm) if storm is not None else None)
+    state = ClusterState(StormBreakers.from_config(storm, quiet=True) if storm is not None else None)
     facts = SnapshotFacts()
     problems: list[str] = []
     for count, doc in enumerate(documents):
@@ -193,7 +195,7 @@ def _build(
                 state.set_node(node_from(doc.obj))
             elif kind == "Pod":
                 if state.storm is not None:
-                    state.storm.observe(doc.obj, None)
+                    state.storm.observe(doc.obj, None, as_of=as_of)
                 state.set_pod(object_key(doc.obj), pod_record(doc.obj))
             elif kind in DRA_KINDS and api_group(doc.obj) == "resource.k8s.io":
                 if state.devices is None:

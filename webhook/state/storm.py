@@ -38,6 +38,9 @@ from typing import Any
 from ..kube.rejection import Owner, admission_rejection, controller_owner
 
 log = logging.getLogger(__name__)
+_replayed = logging.getLogger(__name__ + ".replayed")  # what a snapshot's replay logs: nothing
+_replayed.propagate = False
+_replayed.addHandler(logging.NullHandler())
 
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half-open"
 MAX_COOLDOWN = 3600.0
@@ -83,24 +86,40 @@ _ALLOW = Verdict(False, False, None)
 class StormBreakers:
     """The breakers of every owner whose pods the kubelet rejected; thread-safe."""
 
-    def __init__(self, threshold: int = 20, window: float = 300.0, cooldown: float = 120.0) -> None:
+    def __init__(
+        self, threshold: int = 20, window: float = 300.0, cooldown: float = 120.0, *, quiet: bool = False
+    ) -> None:
         self.threshold, self.window, self.base_cooldown = threshold, window, cooldown
+        # A snapshot's breakers are rebuilt, not tripped now: their transitions are history,
+        # not events to log (a dry run says its verdict, not a replay on stderr).
+        self._log = _replayed if quiet else log
         self.breakers: dict[str, Breaker] = {}
         self.trips = 0
         self.probes = 0
         self._lock = threading.Lock()
 
     @classmethod
-    def from_config(cls, config) -> StormBreakers:
-        return cls(config.threshold, config.window_seconds, config.cooldown_seconds)
+    def from_config(cls, config, *, quiet: bool = False) -> StormBreakers:
+        return cls(config.threshold, config.window_seconds, config.cooldown_seconds, quiet=quiet)
 
     # -- what the informer and the snapshot loader report --------------------------------
 
-    def observe(self, pod: Mapping[str, Any], seen_at: float | None, now: float | None = None) -> None:
+    def observe(
+        self,
+        pod: Mapping[str, Any],
+        seen_at: float | None,
+        now: float | None = None,
+        *,
+        as_of: float | None = None,
+    ) -> None:
         """A pod from a watch event (``seen_at``: now) or a list/snapshot (None: its
         ``creationTimestamp``). Only Failed-at-admission and Running pods of an owner matter.
         ``now``: when a live list runs, so old rejections it finds trip nothing (a snapshot
-        passes None: its breakers are rebuilt as they stood when it was taken)."""
+        passes None: its breakers are rebuilt as they stood when it was taken). ``as_of``: a
+        snapshot judged at an earlier time (``--now``); a pod created after it had not been
+        rejected, or run, yet."""
+        if as_of is not None and (_created(pod) or 0.0) > as_of:
+            return
         status = pod.get("status")
         phase = status.get("phase") if isinstance(status, Mapping) else None
         if phase == "Running":
@@ -184,7 +203,7 @@ class StormBreakers:
                 return
             breaker.state, breaker.probe_at = HALF_OPEN, now
             self.probes += 1
-            log.info("storm breaker half-open for %s: one probe pod admitted", _describe(breaker.owner))
+            self._log.info("storm breaker half-open for %s: one probe pod admitted", _describe(breaker.owner))
 
     def next_probe(self, owner_uid: str, now: float) -> ProbeSlot | None:
         """The slot a probe admitted now would take, or None when no probe may pass now."""
@@ -222,7 +241,7 @@ class StormBreakers:
         with self._lock:
             for uid in [uid for uid, b in self.breakers.items() if self._forgotten(b, now)]:
                 if self.breakers[uid].state != CLOSED:
-                    log.info(
+                    self._log.info(
                         "storm breaker forgotten for %s: no pod came for a probe",
                         _describe(self.breakers[uid].owner),
                     )
@@ -237,14 +256,14 @@ class StormBreakers:
         if breaker.state == CLOSED:
             breaker.opened_at = breaker.last_rejection
         breaker.state, breaker.cooldown, breaker.probe_at = OPEN, cooldown, None
-        log.warning(
+        self._log.warning(
             "storm breaker open for %s: %s; cool-down %.0f s", _describe(breaker.owner), why, cooldown
         )
 
     def _close(self, breaker: Breaker) -> None:
         breaker.state, breaker.probe_at = CLOSED, None
         breaker.recent.clear()  # the pods stay seen: listed again, they count no more
-        log.info("storm breaker closed for %s: a pod is Running", _describe(breaker.owner))
+        self._log.info("storm breaker closed for %s: a pod is Running", _describe(breaker.owner))
 
 
 @dataclass(frozen=True, slots=True)
