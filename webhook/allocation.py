@@ -43,7 +43,7 @@ from .coordination.transaction import (
 from .engine import Decision, Violation
 from .kube.dra import ClaimAllocation, ResourceClaim, resource_claim_from
 from .kube.errors import FieldError
-from .policies import device_allocation
+from .policies import Mode, device_allocation
 from .state.apiserver import ApiError
 from .state.source import StateSource
 
@@ -67,7 +67,7 @@ class AllocationGuard:
         """Whether this guard judges the request's allocation (its policy denies or warns here):
         then it judges it whole, against the index and the records in flight together, and the
         engine need not judge it first."""
-        return self.config.policy(POLICY).mode in ("enforce", "warn") and not self._exempt(req)
+        return self.config.active(POLICY, req.namespace, req.user, req.groups) in (Mode.ENFORCE, Mode.WARN)
 
     def review(
         self, req: AdmissionRequest, source: StateSource, outcome: Outcome, *, verified: bool = False
@@ -80,8 +80,8 @@ class AllocationGuard:
             return outcome
         if not device_allocation.is_allocation_write(req.obj, req.old_obj, req.operation):
             return outcome
-        mode = self.config.policy(POLICY).mode
-        if not self.judges(req):
+        mode = self.config.active(POLICY, req.namespace, req.user, req.groups)
+        if mode not in (Mode.ENFORCE, Mode.WARN):
             return outcome
         try:
             claim = resource_claim_from(req.obj)  # the one read of the claim
@@ -136,22 +136,17 @@ class AllocationGuard:
                     "were not checked against allocations in flight",
                 )
             return outcome
-        if mode == "warn":
+        if mode == Mode.WARN:
             for f in judge.findings:
                 outcome.response.setdefault("warnings", []).append(f"[{POLICY}] {f.reason}: {f.message}")
             return outcome
         return _deny(outcome, [(f.reason, f.message) for f in judge.findings])
 
-    def _exempt(self, req: AdmissionRequest) -> bool:
-        return req.namespace in self.config.excluded_namespaces or self.config.exempts(
-            POLICY, req.namespace, req.user, req.groups
-        )
-
     def _allocators(self, outcome: Outcome, req: AdmissionRequest, allocation: ClaimAllocation) -> None:
         """An allocation written by an identity the driver's ``allocators`` do not include: a
         ``MixedDeviceScheduler`` warning (like binders: a denial would make it retry forever)."""
         device = self.config.device_scheduler
-        if device.mode == "off" or not device.allocators:
+        if device.mode == Mode.OFF or not device.allocators:
             return
         for driver in sorted({r.driver for r in allocation.results}):
             allowed = device.allowed_allocators(driver)

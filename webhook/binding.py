@@ -40,7 +40,7 @@ from .coordination.transaction import (
     Transaction,
 )
 from .engine import Decision, Violation
-from .policies import device_allocation
+from .policies import Mode, device_allocation
 from .policies.device_scheduler import REASON as MIXED
 from .policies.device_scheduler import bind_message, node_conflicts
 from .state.apiserver import ApiError
@@ -118,10 +118,10 @@ class BindGuard:
         target = target or binding_target(req)
         pod_name = f"pod {target.namespace}/{target.name}"
         outcome = Outcome(req, {"uid": req.uid, "allowed": True})
-        mode = self.config.node_admission.mode
-        checks_node = mode != "off" and not self._exempt(target.namespace, req)
-        device_mode = self._device_mode(target.namespace, req)
-        if not checks_node and device_mode == "off":
+        mode = self.config.active(POLICY, target.namespace, req.user, req.groups)
+        checks_node = mode != Mode.OFF
+        device_mode = self.config.active(DEVICE_POLICY, target.namespace, req.user, req.groups)
+        if not checks_node and device_mode == Mode.OFF:
             return outcome
         mixing: str | None = None
         with source.reading() as view:
@@ -133,7 +133,7 @@ class BindGuard:
             node = state.nodes.get(target.node)
             elsewhere = _claims_elsewhere(state, record, pod_name, target.node)
             if (
-                device_mode != "off"
+                device_mode != Mode.OFF
                 and record is not None
                 and record.pending is not None
                 and node is not None
@@ -141,7 +141,8 @@ class BindGuard:
                 mixing = _mixing(record, node, state, self.config, pod_name)
         if record is None or record.pending is None:
             return _unchecked(outcome, POD_UNKNOWN, f"{pod_name} is not a pending pod in the guard's state")
-        if elsewhere is not None and self._enforces(device_allocation.NAME, target.namespace, req):
+        allocation_mode = self.config.active(device_allocation.NAME, target.namespace, req.user, req.groups)
+        if elsewhere is not None and allocation_mode == Mode.ENFORCE:
             return _deny(
                 outcome, elsewhere.reason, elsewhere.message, node=target.node, policy=device_allocation.NAME
             )
@@ -159,9 +160,9 @@ class BindGuard:
             return _unchecked(outcome, NODE_UNKNOWN, f"node {target.node} is not in the guard's state")
         self._binders(outcome, record, req.user, pod_name)
         if mixing is not None:
-            if device_mode in ("enforce", "fix"):  # a bind cannot be repaired, only refused
+            if device_mode.denies:  # a bind cannot be repaired, only refused
                 return _deny(outcome, MIXED, mixing, node=node.name, policy=DEVICE_POLICY)
-            if device_mode == "warn":
+            if device_mode == Mode.WARN:
                 outcome.response.setdefault("warnings", []).append(f"[{DEVICE_POLICY}] {MIXED}: {mixing}")
         if checks_node:
             pod = PodUnderReview(record.pending.metadata, record.pending.spec, record)
@@ -175,22 +176,13 @@ class BindGuard:
                 mode,
                 verified,
                 created=False,
-                rivals_mode=device_mode if mixing is None else "off",  # already said
+                rivals_mode=device_mode if mixing is None else Mode.OFF,  # already said
             )
-        if mixing is not None and device_mode == "audit":
+        if mixing is not None and device_mode == Mode.AUDIT:
             outcome.decision = outcome.decision or Decision()
             outcome.decision.audited.append(Violation(DEVICE_POLICY, MIXED, mixing, node.name))
             outcome.reasons = [*(outcome.reasons or []), MIXED]
         return outcome
-
-    def _device_mode(self, namespace: str, req: AdmissionRequest) -> str:
-        """``deviceScheduler``'s mode for this bind: off where excluded or exempt."""
-        device = self.config.device_scheduler
-        if namespace in self.config.excluded_namespaces or self.config.exempts(
-            DEVICE_POLICY, namespace, req.user, req.groups
-        ):
-            return "off"
-        return device.mode
 
     def review_created(
         self,
@@ -217,8 +209,8 @@ class BindGuard:
         pod = outcome.decision.pod if outcome.decision is not None else None
         if pod is None or is_mirror(pod.metadata):
             return outcome  # unreadable fields (the engine answered for them), or a mirror pod
-        mode = self.config.node_admission.mode
-        if mode == "off" or self._exempt(req.namespace, req):
+        mode = self.config.active(POLICY, req.namespace, req.user, req.groups)
+        if mode == Mode.OFF:
             return outcome
         with source.reading() as view:
             node = view.state.nodes.get(node_name) if view.state is not None else None
@@ -239,12 +231,12 @@ class BindGuard:
         node: Node,
         req: AdmissionRequest,
         pod_name: str,
-        mode: str,
+        mode: Mode,
         verified: bool,
         *,
         created: bool,
         judged: Judged | None = None,
-        rivals_mode: str = "off",
+        rivals_mode: Mode = Mode.OFF,
     ) -> Outcome:
         """``rivals_mode``: deviceScheduler's mode for binds in flight of other schedulers' device
         pods to the node (two binds to a node with no device pod yet, in the same instant)."""
@@ -268,13 +260,13 @@ class BindGuard:
                 dropped.update(r.pod for r in entries if not kept(r, view.state, now))
                 held = [r for r in entries if counts(r, view.state, now)]
                 rivals[:] = self._rivals(pod.record, node, view.state, held, pod_name, rivals_mode)
-                if rivals and rivals_mode in ("enforce", "fix"):
+                if rivals and rivals_mode.denies:
                     return False
                 if not held and judged is not None and judged == (view.state, view.state.revision):
                     return True  # the engine's verdict, on the same state
                 usage = usage_with(view.state.usage(node.name), held)
                 failures[:] = kubelet_admission(pod, node, usage, unsafe)
-            return not failures or mode in ("warn", "audit")
+            return not failures or mode in (Mode.WARN, Mode.AUDIT)
 
         transaction = Transaction(
             RESERVATION_RECORDS, self.local, self.leases, budget, lambda: Budget.of(settings)
@@ -301,9 +293,9 @@ class BindGuard:
         finally:
             outcome.table_trouble = transaction.trouble
         if rivals:
-            if rivals_mode in ("enforce", "fix"):  # a bind cannot be repaired, only refused
+            if rivals_mode.denies:  # a bind cannot be repaired, only refused
                 return _deny(outcome, MIXED, rivals[0], node=node.name, policy=DEVICE_POLICY)
-            if rivals_mode == "warn":
+            if rivals_mode == Mode.WARN:
                 outcome.response.setdefault("warnings", []).append(f"[{DEVICE_POLICY}] {MIXED}: {rivals[0]}")
             else:
                 outcome.decision = outcome.decision or Decision()
@@ -327,10 +319,10 @@ class BindGuard:
             f"{first.message.rstrip()} ({first.hint}). Capacity reserved for binds not yet visible counts. "
             f"{then}"
         )
-        if mode == "warn":
+        if mode == Mode.WARN:
             outcome.response.setdefault("warnings", []).append(f"[{POLICY}] {first.reason}: {message}")
             return outcome
-        if mode == "audit":
+        if mode == Mode.AUDIT:
             outcome.reasons = [f.reason for f in failures]
             outcome.decision = Decision(
                 audited=[Violation(POLICY, f.reason, message, node.name) for f in failures]
@@ -339,7 +331,7 @@ class BindGuard:
         return _deny(outcome, first.reason, message, [f.reason for f in failures], node.name)
 
     def _busy(
-        self, outcome: Outcome, mode: str, pod_name: str, node: str, created: bool, why: str, wait: float
+        self, outcome: Outcome, mode: Mode, pod_name: str, node: str, created: bool, why: str, wait: float
     ) -> Outcome:
         """Other decisions on the node outlasted the wait: never allowed unchecked, since they
         may have taken the capacity this one asks for. Denied so the scheduler (or the
@@ -349,21 +341,9 @@ class BindGuard:
             f"after {wait:g} s ({why}). "
             + ("Its controller will create it again." if created else "The scheduler will retry it.")
         )
-        if mode in ("warn", "audit"):
+        if mode in (Mode.WARN, Mode.AUDIT):
             return _unchecked(outcome, WAITED, message)
         return _deny(outcome, BUSY, message, node=node, code=429)
-
-    def _enforces(self, policy: str, namespace: str, req: AdmissionRequest) -> bool:
-        return self.config.policy(policy).mode == "enforce" and not (
-            namespace in self.config.excluded_namespaces
-            or self.config.exempts(policy, namespace, req.user, req.groups)
-        )
-
-    def _exempt(self, namespace: str, req: AdmissionRequest) -> bool:
-        """Excluded namespaces and the ``nodeAdmission`` exemptions, as the engine applies them."""
-        return namespace in self.config.excluded_namespaces or self.config.exempts(
-            POLICY, namespace, req.user, req.groups
-        )
 
     def _rivals(
         self,
@@ -372,10 +352,10 @@ class BindGuard:
         state: ClusterState,
         held: list[Reservation],
         pod_name: str,
-        mode: str,
+        mode: Mode,
     ) -> list[str]:
         """Why the binds in flight to ``node`` (``held``) make this bind mix device schedulers."""
-        if mode == "off" or not held:
+        if mode == Mode.OFF or not held:
             return []
         in_flight = [(r.scheduler, r.requests) for r in held]
         device = self.config.device_scheduler
@@ -392,7 +372,7 @@ class BindGuard:
         whatever ``deviceScheduler``'s mode but ``off`` (a permanent bind denial would make that
         scheduler retry forever)."""
         device = self.config.device_scheduler
-        if device.mode == "off":
+        if device.mode == Mode.OFF:
             return
         for resource, amount in record.requests.items():
             allowed = device.allowed_binders(resource) if amount else None

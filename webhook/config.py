@@ -17,6 +17,7 @@ from typing import Any
 from .globs import globs_overlap, matches_any
 from .kube.workloads import BUILT_IN, FieldPath, WorkloadKind, WorkloadTable, is_built_in
 from .policies import ALL_MODES as MODES
+from .policies import Mode
 from .policies.device_scheduler import DEFAULT_DEVICE_PATTERNS, DeviceSchedulerConfig
 from .policies.node_admission import NodeAdmissionConfig, ReservationsConfig, UnsafeSysctls
 from .policies.pinned_node_name import PinnedNodeNameConfig
@@ -104,7 +105,14 @@ class Config:
         """The settings of the policy called ``name`` (its config key)."""
         return self.settings[_POSITION[name]]
 
-    def mode(self, policy: str) -> str:
+    def mode(self, policy: str) -> Mode:
+        return self.policy(policy).mode
+
+    def active(self, policy: str, namespace: str, user: str = "", groups: tuple[str, ...] = ()) -> Mode:
+        """``policy``'s mode for a request in ``namespace`` by ``user``: ``off`` where the
+        namespace is excluded or an exemption lifts it. The one place this is decided."""
+        if namespace in self.excluded_namespaces or self.exempts(policy, namespace, user, groups):
+            return Mode.OFF
         return self.policy(policy).mode
 
     def exempts(self, policy: str, namespace: str, user: str, groups: tuple[str, ...]) -> bool:

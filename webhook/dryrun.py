@@ -26,6 +26,7 @@ from .kube.kinds import api_problem, namespaced
 from .kube.rejection import controller_owner
 from .kube.workloads import BUILT_IN, TemplateShape, WorkloadTable, pod_shape
 from .manifests import HELM_HINT, TEMPLATE, Document, Location, ManifestError, Manifests, read_documents
+from .policies import Mode
 from .policies.node_admission import NO_CLUSTER_STATE
 from .state import ClusterState
 
@@ -303,11 +304,7 @@ def stateless_warnings(
     name = _metadata(obj).get("name") or _metadata(obj).get("generateName") or "<unnamed>"
 
     def active(policy: str) -> bool:
-        return (
-            namespace not in config.excluded_namespaces
-            and config.mode(policy) != "off"
-            and not config.exempts(policy, namespace, user, groups)
-        )
+        return config.active(policy, namespace, user, groups) != Mode.OFF
 
     warnings = []
     for template in config.workloads.shapes(obj) or ():
@@ -361,7 +358,7 @@ def exemption(obj: Mapping[str, Any], config: Config, user: str, groups: tuple[s
     if not config.workloads.creates_pods(obj):
         return None
     namespace = str(_metadata(obj).get("namespace") or "default")
-    active = [name for name in POLICY_NAMES if config.mode(name) != "off"]
+    active = [name for name in POLICY_NAMES if config.mode(name) != Mode.OFF]
     if namespace in config.excluded_namespaces:
         return Exempted("excludedNamespaces", tuple(active))
     lifted: dict[str, list[str]] = {}

@@ -16,7 +16,7 @@ from .checks import PodUnderReview
 from .config import Config
 from .kube.errors import FieldError, mapping_at
 from .kube.workloads import TemplateShape
-from .policies import ANY_OBJECT, POD_FIELDS, Context, Finding, Review
+from .policies import ANY_OBJECT, POD_FIELDS, Context, Finding, Mode, Review
 from .policies.registry import POLICIES
 from .state import ClusterState
 
@@ -132,9 +132,10 @@ class _Run:
         context: Context,
     ) -> None:
         review = _review(self.obj, self.operation, old, template, self.old_object, self.user, self.unreadable)
-        for policy, index, needs_pod in policies:
-            name, mode = policy.NAME, self.config.settings[index].mode
-            if mode == "off" or self.config.exempts(name, self.namespace, self.user, self.groups):
+        for policy, needs_pod in policies:
+            name = policy.NAME
+            mode = self.config.active(name, self.namespace, self.user, self.groups)
+            if mode == Mode.OFF:
                 continue
             if needs_pod and review.pod is None:
                 if name not in decision.unchecked:
@@ -170,11 +171,11 @@ def _by_path(templates: list[TemplateShape] | None) -> dict[str, TemplateShape]:
 def _apply(decision: Decision, policy: str, mode: str, finding: Finding):
     """Record one finding according to its policy's mode; return the patch to apply, if any."""
     violation = Violation(policy, finding.reason, finding.message, finding.node)
-    if finding.advisory or mode == "warn":
+    if finding.advisory or mode == Mode.WARN:
         decision.warnings.append(f"[{policy}] {finding.reason}: {finding.message}")
-    elif mode == "audit":
+    elif mode == Mode.AUDIT:
         decision.audited.append(violation)
-    elif mode == "fix" and finding.fix is not None:
+    elif mode == Mode.FIX and finding.fix is not None:
         decision.fixed.append(violation)
         return finding.fix
     else:
@@ -220,7 +221,7 @@ def _review(
     return Review(obj, shape, pod, operation, old_shape, None, old_object, user, **extra)
 
 
-# (policy, its place in ``Config.settings``, whether it needs the pod's fields), in registry
-# order; objects that create no pods meet only the policies that read any object.
-_POLICIES = tuple((policy, i, policy.READS == POD_FIELDS) for i, policy in enumerate(POLICIES))
+# (policy, whether it needs the pod's fields), in registry order; objects that create no pods
+# meet only the policies that read any object.
+_POLICIES = tuple((policy, policy.READS == POD_FIELDS) for policy in POLICIES)
 _ANY_OBJECT_POLICIES = tuple(entry for entry in _POLICIES if entry[0].READS == ANY_OBJECT)

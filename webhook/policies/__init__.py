@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..checks import PodUnderReview
@@ -25,8 +26,25 @@ if TYPE_CHECKING:
     from ..state import ClusterState
 
 Patch = tuple[dict[str, Any], ...]
-ALL_MODES = ("enforce", "warn", "audit", "fix", "off")
-NO_FIX = tuple(m for m in ALL_MODES if m != "fix")  # for policies that cannot repair an object
+
+
+class Mode(StrEnum):
+    """What a policy does with its findings. A ``str``: configs, JSON and messages spell it."""
+
+    ENFORCE = "enforce"  # deny
+    WARN = "warn"  # allow, with admission warnings
+    AUDIT = "audit"  # allow, record only
+    FIX = "fix"  # mutate where the policy can repair the object, else deny
+    OFF = "off"
+
+    @property
+    def denies(self) -> bool:
+        """Whether a finding that cannot be repaired is a denial (a bind, an allocation)."""
+        return self in (Mode.ENFORCE, Mode.FIX)
+
+
+ALL_MODES = tuple(Mode)
+NO_FIX = tuple(m for m in ALL_MODES if m != Mode.FIX)  # for policies that cannot repair an object
 
 # What a policy needs of the object under review (``READS``). The engine runs a policy only
 # when the review has it; a pod whose fields are unreadable leaves ``POD_FIELDS`` policies
@@ -140,18 +158,18 @@ class Policy(Protocol):
     def check(self, review: Review, context: Context) -> list[Finding]: ...
 
 
-def read_mode(reader: Reader, data: Mapping[str, Any], where: str, allowed: tuple[str, ...]) -> str:
+def read_mode(reader: Reader, data: Mapping[str, Any], where: str, allowed: tuple[str, ...]) -> Mode:
     """``mode``, ``enforce`` when absent. YAML 1.1 reads a bare ``off`` as false."""
     mode = data.get("mode", "enforce")
     if mode is False:
-        return "off"
+        return Mode.OFF
     if mode is True:
         reader.fail(
             f"{where}.mode",
             f"true is not a mode: YAML reads a bare on/yes/true as true; write one of {', '.join(allowed)}",
         )
-        return "enforce"
+        return Mode.ENFORCE
     if mode not in allowed:
         reader.fail(f"{where}.mode", f"{mode!r} is not one of {', '.join(allowed)}")
-        return "enforce"
-    return mode
+        return Mode.ENFORCE
+    return Mode(mode)

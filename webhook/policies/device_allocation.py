@@ -29,7 +29,7 @@ from ..checks.device_allocation import REASONS as ALLOCATION_REASONS
 from ..checks.device_allocation import judge_allocation
 from ..kube.dra import ResourceClaim, allocation_written
 from ..kube.errors import FieldError
-from . import ANY_OBJECT, NO_FIX, Context, Finding, Review, read_mode
+from . import ANY_OBJECT, NO_FIX, Context, Finding, Mode, Review, read_mode
 
 if TYPE_CHECKING:
     from ..reader import Reader
@@ -46,7 +46,7 @@ STATIC = None  # other claims' allocations live in the guard's state
 
 @dataclass(frozen=True, slots=True)
 class DeviceAllocationConfig:
-    mode: str = "enforce"
+    mode: Mode = Mode.ENFORCE
 
 
 Settings = DeviceAllocationConfig

@@ -30,7 +30,7 @@ from ..checks.scheduler import placeable, tolerations_of
 from ..globs import globs_overlap, matches_any
 from ..kube.selectors import LABEL_OPERATORS, LabelSelector
 from ..state.model import DEFAULT_SCHEDULER
-from . import ALL_MODES, POD_FIELDS, Context, Finding, Review, read_mode
+from . import ALL_MODES, POD_FIELDS, Context, Finding, Mode, Review, read_mode
 
 if TYPE_CHECKING:
     from ..reader import Reader
@@ -73,7 +73,7 @@ class OwnerRule:
 
 @dataclass(frozen=True, slots=True)
 class DeviceSchedulerConfig:
-    mode: str = "enforce"
+    mode: Mode = Mode.ENFORCE
     resources: tuple[str, ...] = DEFAULT_DEVICE_PATTERNS
     owners: tuple[OwnerRule, ...] = ()  # the first that applies to a node decides
     annotations: tuple[tuple[str, str], ...] = ()  # (annotation key, scheduler)

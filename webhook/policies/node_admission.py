@@ -20,7 +20,7 @@ from ..kube.reasons import SYSCTL_FORBIDDEN
 from ..kube.sysctls import namespace_of, normalize
 from ..kube.tolerations import untolerated_taint
 from ..state.model import is_mirror
-from . import NO_FIX, POD_FIELDS, Context, Finding, Review, device_scheduler, read_mode
+from . import NO_FIX, POD_FIELDS, Context, Finding, Mode, Review, device_scheduler, read_mode
 from .device_scheduler import owned_by_others
 
 if TYPE_CHECKING:
@@ -72,7 +72,7 @@ class ReservationsConfig:
 
 @dataclass(frozen=True, slots=True)
 class NodeAdmissionConfig:
-    mode: str = "enforce"
+    mode: Mode = Mode.ENFORCE
     unknown_node: str = "deny"
     allowed_unsafe_sysctls: tuple[UnsafeSysctls, ...] = ()
     reservations: ReservationsConfig = field(default_factory=ReservationsConfig)

@@ -17,7 +17,18 @@ from ..checks.placement import candidates, verdict
 from ..checks.scheduler import tolerations_of
 from ..kube.errors import FieldError
 from ..kube.selectors import is_empty_term
-from . import ALL_MODES, POD_SHAPE, Context, Finding, Patch, Review, StaticPolicy, device_scheduler, read_mode
+from . import (
+    ALL_MODES,
+    POD_SHAPE,
+    Context,
+    Finding,
+    Mode,
+    Patch,
+    Review,
+    StaticPolicy,
+    device_scheduler,
+    read_mode,
+)
 from .device_scheduler import owned_by_others
 
 if TYPE_CHECKING:
@@ -37,7 +48,7 @@ READS = POD_SHAPE
 
 @dataclass(frozen=True, slots=True)
 class PinnedNodeNameConfig:
-    mode: str = "enforce"
+    mode: Mode = Mode.ENFORCE
 
 
 Settings = PinnedNodeNameConfig

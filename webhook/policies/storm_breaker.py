@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..kube.rejection import controller_owner
 from ..state.storm import Breaker
-from . import NO_FIX, POD_SHAPE, Context, Finding, Review, read_mode
+from . import NO_FIX, POD_SHAPE, Context, Finding, Mode, Review, read_mode
 
 if TYPE_CHECKING:
     from ..reader import Reader
@@ -30,7 +30,7 @@ STATIC = None  # the breakers live in the guard
 
 @dataclass(frozen=True, slots=True)
 class StormBreakerConfig:
-    mode: str = "enforce"
+    mode: Mode = Mode.ENFORCE
     threshold: int = 20
     window_seconds: float = 300.0
     cooldown_seconds: float = 120.0
