@@ -25,7 +25,6 @@ import shlex
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from .checks import kubelet_admission
@@ -39,6 +38,7 @@ from .config import Config, StormBreakerConfig
 from .kube.quantity import format_amount
 from .kube.rejection import Owner
 from .kube.resources import is_extended_resource
+from .kube.timestamps import format_rfc3339, object_time
 from .policies import Review, device_scheduler, pinned_node_name
 from .state.inventory import Inventory, PinnedTemplate, RejectedPod, Workload
 from .state.model import ClusterState
@@ -110,7 +110,7 @@ class Report:
             "scanned": self.scanned,
             "stormThreshold": self.storm_threshold,
             "notJudged": self.not_judged,
-            "judgedAt": _rfc3339(self.judged_at) if self.judged_at is not None else None,
+            "judgedAt": format_rfc3339(self.judged_at) if self.judged_at is not None else None,
         }
 
     def as_json(self) -> dict[str, Any]:
@@ -262,7 +262,7 @@ def storm_groups(inventory: Inventory, now: float | None = None) -> list[StormGr
     groups: dict[tuple[str, str], StormGroup] = {}
     resolved: dict[str, Owner] = {}
     for pod in inventory.rejected:
-        created = _epoch(pod.created)
+        created = object_time(pod.created)
         if now is not None and created is not None and created > now:
             continue
         owner = pod.owner
@@ -298,7 +298,7 @@ def _storm(group: StormGroup, settings: StormBreakerConfig, now: float) -> Findi
     )
     reasons = Counter(p.reason for p in group.pods)
     nodes = Counter(p.node or "<no node>" for p in group.pods)
-    times = sorted(t for t in (_epoch(p.created) for p in group.pods) if t is not None)
+    times = sorted(t for t in (object_time(p.created) for p in group.pods) if t is not None)
     when, running = _storm_timing(times, group.count, settings, now)
     message = (
         f"{subject} {'was' if one else 'were'} rejected by the kubelet at admission and "
@@ -333,7 +333,7 @@ def _storm_timing(
     first, last = times[0], times[-1]
     span = last - first
     rate = f"{count / (span / 60):.1f} pods/min" if span > 0 else "all at once"
-    text = f"first {_rfc3339(first)}, last {_rfc3339(last)} ({rate})."
+    text = f"first {format_rfc3339(first)}, last {format_rfc3339(last)} ({rate})."
     return text, now - last <= settings.window_seconds
 
 
@@ -376,22 +376,6 @@ def _top(counts: Counter[str], limit: int = 5) -> str:
     shown = ", ".join(f"{name} {n}" for name, n in counts.most_common(limit))
     more = len(counts) - limit
     return shown + (f" and {more} more" if more > 0 else "")
-
-
-def _epoch(timestamp: str) -> float | None:
-    if not timestamp:
-        return None
-    try:
-        moment = datetime.fromisoformat(timestamp)
-    except ValueError:
-        return None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return moment.timestamp()
-
-
-def _rfc3339(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 # -- node findings: MixedDeviceScheduler and Overcommitted ----------------------------------

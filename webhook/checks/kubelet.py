@@ -3,9 +3,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from ..kube.reasons import (
     EVICTED,
@@ -20,8 +19,7 @@ from ..kube.reasons import (
     UNEXPECTED_ADMISSION_ERROR,
     out_of,
 )
-from ..kube.workloads import PodShape
-from ..state.model import Node, NodeUsage, PodRecord, pod_record
+from ..state.model import Node, NodeUsage, PodUnderReview
 from .failure import Failure
 from .node_affinity import node_affinity_mismatch
 from .node_name import node_name_mismatch
@@ -33,21 +31,6 @@ from .resource_fit import insufficient_resources
 from .supplemental_groups import supplemental_groups_unsupported
 from .sysctl import forbidden_sysctl
 from .taint_toleration import untolerated_no_execute_taint
-
-
-@dataclass(frozen=True, slots=True)
-class PodUnderReview:
-    """The incoming pod (or the pod a template would create), with its record computed once."""
-
-    metadata: Mapping[str, Any]
-    spec: Mapping[str, Any]
-    record: PodRecord
-
-    @classmethod
-    def from_shape(cls, shape: PodShape) -> PodUnderReview:
-        record = pod_record({"metadata": shape.metadata, "spec": shape.spec})
-        assert record is not None  # no status, so never terminal
-        return cls(shape.metadata, shape.spec, record)
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,12 +12,13 @@ import sys
 import textwrap
 import time
 from collections.abc import Iterable
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import click
 import orjson
 import yaml
+
+from ..kube.timestamps import format_rfc3339 as rfc3339
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -45,10 +46,6 @@ def kubernetes_objects(objects: Iterable[dict[str, Any]]) -> None:
 def input_errors(errors: Iterable[object]) -> None:
     for error in errors:
         click.echo(f"ERROR {error}", err=True)
-
-
-def rfc3339(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _wrapped(text: str, indent: str, stream=None) -> str:

@@ -27,6 +27,7 @@ from ..kube.resources import (
     resource_list,
 )
 from ..kube.tolerations import Taint, taint_from
+from ..kube.workloads import PodShape
 from .storm import StormBreakers
 
 if TYPE_CHECKING:
@@ -479,3 +480,21 @@ class ClusterState:
                     del usage.host_ports[port]
         if not usage.pods:
             del self._usage[record.node]
+
+
+@dataclass(frozen=True, slots=True)
+class PodUnderReview:
+    """The incoming pod (or the pod a template would create), with its record computed once:
+    what the kubelet's checks, the policies and the audit judge. It lives with the state's
+    records so that the state (the audit's inventory) and the checks share it without one
+    importing the other."""
+
+    metadata: Mapping[str, Any]
+    spec: Mapping[str, Any]
+    record: PodRecord
+
+    @classmethod
+    def from_shape(cls, shape: PodShape) -> PodUnderReview:
+        record = pod_record({"metadata": shape.metadata, "spec": shape.spec})
+        assert record is not None  # no status, so never terminal
+        return cls(shape.metadata, shape.spec, record)

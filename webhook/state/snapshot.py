@@ -13,13 +13,13 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from ..json_items import NotStreamable
 from ..json_items import list_items as json_list_items
 from ..kube.errors import FieldError
+from ..kube.timestamps import object_time
 from ..kube.workloads import api_group
 from ..manifests import Document, Location, ManifestError, list_item, manifest_files, read_documents
 from ..yaml_items import list_items as yaml_list_items
@@ -81,11 +81,8 @@ class SnapshotFacts:
             self.other_kinds[kind] += 1
 
     def _moment(self, value: object) -> None:
-        if not isinstance(value, str) or not value:
-            return
-        try:
-            moment = datetime.fromisoformat(value).timestamp()
-        except ValueError:
+        moment = object_time(value)
+        if moment is None:
             return
         if self.newest is None or moment > self.newest:
             self.newest = moment

@@ -32,10 +32,10 @@ import threading
 from collections import Counter, deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from ..kube.rejection import Owner, admission_rejection, controller_owner
+from ..kube.timestamps import object_time
 
 log = logging.getLogger(__name__)
 _replayed = logging.getLogger(__name__ + ".replayed")  # what a snapshot's replay logs: nothing
@@ -280,11 +280,4 @@ def _describe(owner: Owner) -> str:
 
 def _created(pod: Mapping[str, Any]) -> float | None:
     metadata = pod.get("metadata")
-    stamp = metadata.get("creationTimestamp") if isinstance(metadata, Mapping) else None
-    if not isinstance(stamp, str):
-        return None
-    try:
-        moment = datetime.fromisoformat(stamp)
-    except ValueError:
-        return None
-    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
+    return object_time(metadata.get("creationTimestamp")) if isinstance(metadata, Mapping) else None
