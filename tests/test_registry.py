@@ -64,6 +64,11 @@ def read_settings(reader, data, where):
 def check(review, context):
     images = [c.get("image", "") for c in review.shape.spec.get("containers", [])]
     return [Finding("LatestTag", f"{review.description} runs {i}") for i in images if i.endswith(":latest")]
+
+def check_bind(bind, context):
+    images = [c.get("image", "") for c in bind.pod.spec.get("containers", [])]
+    return [Finding("LatestTag", f"{bind.pod_name} runs {i} on {bind.node.name}") for i in images
+            if i.endswith(":latest")]
 """
 USE_IT = """
 import sys, types
@@ -102,11 +107,30 @@ else:
     raise AssertionError("no error")
 names = [o["metadata"]["name"] for o in render(config)]
 assert names[-2:] == ["admit-guard-no-latest-tag"] * 2, names
+
+import json
+from tests.builders import node
+from tests.test_binding import binding
+from webhook.admission import parse_review
+from webhook.binding import BindGuard
+from webhook.state import ClusterState, node_from, pod_record
+from webhook.state.source import FixedState
+
+state = ClusterState()
+state.set_node(node_from(node("n1")))
+pending = {**pod, "metadata": {"name": "p", "namespace": "ml", "uid": "uid-p"}}
+state.set_pod("uid-p", pod_record(pending))
+bind = parse_review(json.dumps(binding("p", "n1")).encode())
+outcome = BindGuard(config_from_dict({}), None).review(bind, FixedState(state))
+said = "pod ml/p runs a:latest on n1"
+assert outcome.reasons == ["LatestTag"] and said in outcome.response["status"]["message"]
+warned = BindGuard(config, None).review(bind, FixedState(state))
+assert warned.allowed and warned.response["warnings"] == [f"[noLatestTag] LatestTag: {said}"]
 print("ok")
 """
 
 
-def test_a_policy_is_one_module_and_one_registry_entry_for_config_engine_exemptions_and_vap():
+def test_a_policy_is_one_module_and_one_registry_entry_for_config_engine_binds_exemptions_and_vap():
     script = f"NEW_POLICY = {NEW_POLICY!r}\n" + textwrap.dedent(USE_IT)
     result = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=60

@@ -293,14 +293,23 @@ def review(
             response["warnings"] = decision.fix_notes
             outcome.reasons = [v.reason for v in decision.fixed]
         return outcome
+    return respond(outcome, decision)
+
+
+def respond(outcome: Outcome, decision: Decision, code: int = 403) -> Outcome:
+    """The validating answer to a decision: its warnings, and a denial (``code``, every reason,
+    one message) when anything was violated. Objects, binds and allocations answer this way."""
+    response = outcome.response
+    outcome.decision = decision
     denied = [*decision.violations, *decision.fixed]
     if decision.warnings:
         response.setdefault("warnings", []).extend(decision.warnings)
     outcome.reasons = [v.reason for v in (*denied, *decision.audited)]
     if denied:
+        decision.allowed = False
         response["allowed"] = False
         response["status"] = {
-            "code": 403,
+            "code": code,
             "reason": ",".join(dict.fromkeys(v.reason for v in denied)),
             "message": denial_message(decision),
         }

@@ -9,7 +9,11 @@ yet visible in the watch. A denied bind is clean: kube-scheduler unreserves the 
 it elsewhere. Wherever the guard does not know (pod or node not in the state, state not ready,
 API errors, the deadline), it allows with a warning and counts why.
 
-I/O lives here (the reservation stores); the kubelet checks are the engine's pure ones.
+What is judged is the policies': every policy with a ``check_bind`` hook (the registry's
+``BIND_POLICIES``) is asked inside one coordinated decision (``coordination/``), with the binds
+in flight to the node counted; their findings become the verdict by each policy's mode, as the
+engine's do. This module names no policy but ``nodeAdmission``, whose settings hold the
+reservations. I/O lives here (the reservation stores); the checks are the policies' pure ones.
 """
 
 from __future__ import annotations
@@ -17,10 +21,9 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from fnmatch import fnmatchcase
 
-from .admission import AdmissionRequest, Outcome, ReviewError
-from .checks import Failure, PodUnderReview, kubelet_admission
+from .admission import AdmissionRequest, Outcome, ReviewError, respond
+from .checks import PodUnderReview
 from .config import Config
 from .coordination.budget import Budget, Busy, DeadlineExceeded
 from .coordination.lease import LeaseFull, LeaseStore
@@ -39,16 +42,14 @@ from .coordination.transaction import (
     TableFailed,
     Transaction,
 )
-from .engine import Decision, Violation
-from .policies import Mode, device_allocation
-from .policies.device_scheduler import REASON as MIXED
-from .policies.device_scheduler import bind_message, node_conflicts
+from .engine import Decision, Violation, apply_finding
+from .policies import Bind, Context, Finding, Mode
+from .policies.registry import BIND_POLICIES
 from .state.apiserver import ApiError
 from .state.model import ClusterState, Node, PodRecord, is_mirror
 from .state.source import StateSource
 
 POLICY = "nodeAdmission"
-DEVICE_POLICY = "deviceScheduler"  # a bind that brings a second scheduler's device pod to a node
 # A reservation is stored under its node.
 RESERVATION_RECORDS = Records("reservation", identity=lambda r: r.pod, keys=lambda r: (r.node,))
 
@@ -118,12 +119,9 @@ class BindGuard:
         target = target or binding_target(req)
         pod_name = f"pod {target.namespace}/{target.name}"
         outcome = Outcome(req, {"uid": req.uid, "allowed": True})
-        mode = self.config.active(POLICY, target.namespace, req.user, req.groups)
-        checks_node = mode != Mode.OFF
-        device_mode = self.config.active(DEVICE_POLICY, target.namespace, req.user, req.groups)
-        if not checks_node and device_mode == Mode.OFF:
+        modes = self._modes(target.namespace, req)
+        if not modes:
             return outcome
-        mixing: str | None = None
         with source.reading() as view:
             state = view.state
             if state is None or view.unavailable is not None:
@@ -131,23 +129,10 @@ class BindGuard:
                 return _unchecked(outcome, STATE_UNAVAILABLE, f"{pod_name} to {target.node}: {why}")
             record = state.find_pod(target.uid, target.namespace, target.name)
             node = state.nodes.get(target.node)
-            elsewhere = _claims_elsewhere(state, record, pod_name, target.node)
-            if (
-                device_mode != Mode.OFF
-                and record is not None
-                and record.pending is not None
-                and node is not None
-            ):
-                mixing = _mixing(record, node, state, self.config, pod_name)
         if record is None or record.pending is None:
             return _unchecked(outcome, POD_UNKNOWN, f"{pod_name} is not a pending pod in the guard's state")
-        allocation_mode = self.config.active(device_allocation.NAME, target.namespace, req.user, req.groups)
-        if elsewhere is not None and allocation_mode == Mode.ENFORCE:
-            return _deny(
-                outcome, elsewhere.reason, elsewhere.message, node=target.node, policy=device_allocation.NAME
-            )
         if node is None:
-            if not checks_node:
+            if POLICY not in modes:
                 return outcome
             if self.config.node_admission.unknown_node == "deny":
                 return _deny(
@@ -158,31 +143,8 @@ class BindGuard:
                     "The scheduler will retry elsewhere.",
                 )
             return _unchecked(outcome, NODE_UNKNOWN, f"node {target.node} is not in the guard's state")
-        self._binders(outcome, record, req.user, pod_name)
-        if mixing is not None:
-            if device_mode.denies:  # a bind cannot be repaired, only refused
-                return _deny(outcome, MIXED, mixing, node=node.name, policy=DEVICE_POLICY)
-            if device_mode == Mode.WARN:
-                outcome.response.setdefault("warnings", []).append(f"[{DEVICE_POLICY}] {MIXED}: {mixing}")
-        if checks_node:
-            pod = PodUnderReview(record.pending.metadata, record.pending.spec, record)
-            outcome = self._reserve_or_deny(
-                outcome,
-                source,
-                pod,
-                node,
-                req,
-                pod_name,
-                mode,
-                verified,
-                created=False,
-                rivals_mode=device_mode if mixing is None else Mode.OFF,  # already said
-            )
-        if mixing is not None and device_mode == Mode.AUDIT:
-            outcome.decision = outcome.decision or Decision()
-            outcome.decision.audited.append(Violation(DEVICE_POLICY, MIXED, mixing, node.name))
-            outcome.reasons = [*(outcome.reasons or []), MIXED]
-        return outcome
+        pod = PodUnderReview(record.pending.metadata, record.pending.spec, record)
+        return self._judge(outcome, source, pod, node, req, pod_name, modes, verified, created=False)
 
     def review_created(
         self,
@@ -209,21 +171,26 @@ class BindGuard:
         pod = outcome.decision.pod if outcome.decision is not None else None
         if pod is None or is_mirror(pod.metadata):
             return outcome  # unreadable fields (the engine answered for them), or a mirror pod
-        mode = self.config.active(POLICY, req.namespace, req.user, req.groups)
-        if mode == Mode.OFF:
+        modes = self._modes(req.namespace, req)
+        if POLICY not in modes:
             return outcome
         with source.reading() as view:
             node = view.state.nodes.get(node_name) if view.state is not None else None
         if node is None:
             return outcome
         name = f"pod {req.namespace}/{req.name}"
-        return self._reserve_or_deny(
-            outcome, source, pod, node, req, name, mode, verified, created=True, judged=judged
+        return self._judge(
+            outcome, source, pod, node, req, name, modes, verified, created=True, judged=judged
         )
+
+    def _modes(self, namespace: str, req: AdmissionRequest) -> dict[str, Mode]:
+        """The bind hooks' policies active for this request, with their modes."""
+        modes = {p.NAME: self.config.active(p.NAME, namespace, req.user, req.groups) for p in BIND_POLICIES}
+        return {name: mode for name, mode in modes.items() if mode != Mode.OFF}
 
     # -- the decision, inside the stores' read-check-write ------------------------------
 
-    def _reserve_or_deny(
+    def _judge(
         self,
         outcome: Outcome,
         source: StateSource,
@@ -231,45 +198,52 @@ class BindGuard:
         node: Node,
         req: AdmissionRequest,
         pod_name: str,
-        mode: Mode,
+        modes: dict[str, Mode],
         verified: bool,
         *,
         created: bool,
         judged: Judged | None = None,
-        rivals_mode: Mode = Mode.OFF,
     ) -> Outcome:
-        """``rivals_mode``: deviceScheduler's mode for binds in flight of other schedulers' device
-        pods to the node (two binds to a node with no device pod yet, in the same instant)."""
+        """Every bind hook over the pod on ``node`` with the binds in flight there counted,
+        inside one coordinated decision; the reservation is written when nothing denies and
+        ``nodeAdmission`` (the node's capacity) is active."""
         settings = self.config.node_admission.reservations
-        budget = Budget.of(settings)
         now = self.clock()
-        unsafe = self.config.node_admission.unsafe_sysctls_for(node.labels)
         confirm = None if verified else settings.confirm_seconds
         new = Reservation.of(pod.record, node.name, settings.ttl_seconds, now, confirm)
-        failures: list[Failure] = []
-        rivals: list[str] = []  # why binds in flight make this one mix device schedulers
+        found: dict[str, list[Finding]] = {}
         dropped: set[str] = set()  # entries of pods that ended or expired: not written back
+        who = req.user
 
         def decide(stored: list[Reservation]) -> bool:
             # The node's usage and which reservations still count are read at one moment, under
             # the state's lock: a watch event between the two would count a pod in neither.
             entries = [r for r in stored if r.pod != new.pod]
             with source.reading() as view:
-                if view.state is None:
+                state = view.state
+                if state is None:
                     raise _StateGone(view.unavailable or "no state")
-                dropped.update(r.pod for r in entries if not kept(r, view.state, now))
-                held = [r for r in entries if counts(r, view.state, now)]
-                rivals[:] = self._rivals(pod.record, node, view.state, held, pod_name, rivals_mode)
-                if rivals and rivals_mode.denies:
-                    return False
-                if not held and judged is not None and judged == (view.state, view.state.revision):
+                dropped.update(r.pod for r in entries if not kept(r, state, now))
+                held = [r for r in entries if counts(r, state, now)]
+                found.clear()
+                if not held and judged is not None and judged == (state, state.revision):
                     return True  # the engine's verdict, on the same state
-                usage = usage_with(view.state.usage(node.name), held)
-                failures[:] = kubelet_admission(pod, node, usage, unsafe)
-            return not failures or mode in (Mode.WARN, Mode.AUDIT)
+                usage = usage_with(state.usage(node.name), held)
+                in_flight = tuple((r.scheduler, r.requests) for r in held)
+                bind = Bind(pod, node, state, usage, in_flight, pod_name, who, created)
+                context = Context(state, self.config)
+                for policy in BIND_POLICIES:
+                    if policy.NAME in modes:
+                        findings = policy.check_bind(bind, context)
+                        if findings:
+                            found[policy.NAME] = findings
+            return not any(
+                modes[name].denies and not f.advisory for name, findings in found.items() for f in findings
+            )
 
+        capacity = modes.get(POLICY)
         transaction = Transaction(
-            RESERVATION_RECORDS, self.local, self.leases, budget, lambda: Budget.of(settings)
+            RESERVATION_RECORDS, self.local, self.leases, Budget.of(settings), lambda: Budget.of(settings)
         )
         try:
             transaction.run(
@@ -277,13 +251,15 @@ class BindGuard:
                 new,
                 decide,
                 lambda r: r.pod not in dropped,
-                coordinated=self._coordinated(pod.record),
-                write=not req.dry_run,
+                coordinated=capacity is not None and self._coordinated(pod.record),
+                write=capacity is not None and not req.dry_run,
             )
         except _StateGone as err:
             return _unchecked(outcome, STATE_UNAVAILABLE, f"{pod_name} to {node.name}: {err}")
         except (Busy, LeaseFull) as err:
-            return self._busy(outcome, mode, pod_name, node.name, created, str(err), settings.wait_seconds)
+            return self._busy(
+                outcome, capacity, pod_name, node.name, created, str(err), settings.wait_seconds
+            )
         except DeadlineExceeded as err:
             return _unchecked(outcome, DEADLINE, f"{pod_name} to {node.name}: {err}")
         except ApiError as err:
@@ -292,46 +268,27 @@ class BindGuard:
             return _unchecked(outcome, TABLE_ERROR, f"{pod_name} to {node.name}: {err}")
         finally:
             outcome.table_trouble = transaction.trouble
-        if rivals:
-            if rivals_mode.denies:  # a bind cannot be repaired, only refused
-                return _deny(outcome, MIXED, rivals[0], node=node.name, policy=DEVICE_POLICY)
-            if rivals_mode == Mode.WARN:
-                outcome.response.setdefault("warnings", []).append(f"[{DEVICE_POLICY}] {MIXED}: {rivals[0]}")
-            else:
-                outcome.decision = outcome.decision or Decision()
-                outcome.decision.audited.append(Violation(DEVICE_POLICY, MIXED, rivals[0], node.name))
-                outcome.reasons = [*(outcome.reasons or []), MIXED]
-        if not failures:
+        if not found:
             return outcome
-        who = (
-            f"created with spec.nodeName by {req.user or 'an unknown user'}"
-            if created
-            else f"bound by {req.user or 'an unknown binder'}"
-        )
-        then = (
-            "Drop spec.nodeName to let the scheduler place it."
-            if created
-            else "The scheduler will retry it elsewhere."
-        )
-        first = failures[0]
-        message = (
-            f"the kubelet on {node.name} would reject {pod_name}, {who}: {first.reason}: "
-            f"{first.message.rstrip()} ({first.hint}). Capacity reserved for binds not yet visible counts. "
-            f"{then}"
-        )
-        if mode == Mode.WARN:
-            outcome.response.setdefault("warnings", []).append(f"[{POLICY}] {first.reason}: {message}")
-            return outcome
-        if mode == Mode.AUDIT:
-            outcome.reasons = [f.reason for f in failures]
-            outcome.decision = Decision(
-                audited=[Violation(POLICY, f.reason, message, node.name) for f in failures]
-            )
-            return outcome
-        return _deny(outcome, first.reason, message, [f.reason for f in failures], node.name)
+        decision = Decision()
+        for name, findings in found.items():
+            for finding in findings:
+                apply_finding(decision, name, modes[name], finding)
+        previous = outcome.decision  # the engine's, for a pod created with spec.nodeName
+        if previous is not None:
+            decision.audited[:0] = previous.audited
+            decision.pod = previous.pod
+        return respond(outcome, decision)
 
     def _busy(
-        self, outcome: Outcome, mode: Mode, pod_name: str, node: str, created: bool, why: str, wait: float
+        self,
+        outcome: Outcome,
+        mode: Mode | None,
+        pod_name: str,
+        node: str,
+        created: bool,
+        why: str,
+        wait: float,
     ) -> Outcome:
         """Other decisions on the node outlasted the wait: never allowed unchecked, since they
         may have taken the capacity this one asks for. Denied so the scheduler (or the
@@ -345,78 +302,14 @@ class BindGuard:
             return _unchecked(outcome, WAITED, message)
         return _deny(outcome, BUSY, message, node=node, code=429)
 
-    def _rivals(
-        self,
-        record: PodRecord,
-        node: Node,
-        state: ClusterState,
-        held: list[Reservation],
-        pod_name: str,
-        mode: Mode,
-    ) -> list[str]:
-        """Why the binds in flight to ``node`` (``held``) make this bind mix device schedulers."""
-        if mode == Mode.OFF or not held:
-            return []
-        in_flight = [(r.scheduler, r.requests) for r in held]
-        device = self.config.device_scheduler
-        conflicts = node_conflicts(record.requests, record.scheduler, node, state, device, in_flight)
-        return [bind_message(pod_name, record.scheduler, node.name, conflicts, state)] if conflicts else []
-
     def _coordinated(self, record: PodRecord) -> bool:
         devices = self.config.device_scheduler.resources
         settings = self.config.node_admission.reservations
         return any(amount and settings.coordinated(r, devices) for r, amount in record.requests.items())
 
-    def _binders(self, outcome: Outcome, record: PodRecord, user: str, pod_name: str) -> None:
-        """A device pod bound by an identity its resource's binders do not include: a warning
-        whatever ``deviceScheduler``'s mode but ``off`` (a permanent bind denial would make that
-        scheduler retry forever)."""
-        device = self.config.device_scheduler
-        if device.mode == Mode.OFF:
-            return
-        for resource, amount in record.requests.items():
-            allowed = device.allowed_binders(resource) if amount else None
-            if allowed is not None and not any(fnmatchcase(user, p) for p in allowed):
-                outcome.response.setdefault("warnings", []).append(
-                    f"[deviceScheduler] MixedDeviceScheduler: {pod_name} requests {resource} and was bound "
-                    f"by {user or 'an unknown binder'}; only {', '.join(allowed)} should bind it."
-                )
-
-
-def _claims_elsewhere(
-    state: ClusterState, record: PodRecord | None, pod_name: str, node: str
-) -> device_allocation.Finding | None:
-    """A pending pod's DRA claim allocated for devices ``node`` cannot use: the claims reserved
-    for it, and those its spec names (``FailedPrepareDynamicResources`` on that node)."""
-    if state.devices is None or record is None or record.pending is None:
-        return None
-    allocations = {a.key: a for a in state.devices.reserved_for(record.key)}
-    entries = record.pending.spec.get("resourceClaims")
-    for entry in entries if isinstance(entries, list) else ():
-        name = entry.get("resourceClaimName") if isinstance(entry, Mapping) else None
-        known = state.devices.named(record.pending.namespace, name) if isinstance(name, str) else None
-        if known is not None and known[1] is not None:
-            allocations[known[0]] = known[1]
-    then = "The scheduler will retry it elsewhere."
-    for allocation in allocations.values():
-        finding = device_allocation.claim_elsewhere(pod_name, allocation, node, state, then)
-        if finding is not None:
-            return finding
-    return None
-
 
 class _StateGone(Exception):
     """The state became unavailable between reading the pod and deciding."""
-
-
-def _mixing(record: PodRecord, node: Node, state: ClusterState, config: Config, pod_name: str) -> str | None:
-    """Why binding this pod to ``node`` mixes device schedulers there (read under the state's
-    lock: the node's device pods as they are at the moment of the race), or None."""
-    device = config.device_scheduler
-    conflicts = node_conflicts(record.requests, record.scheduler, node, state, device)
-    if not conflicts:
-        return None
-    return bind_message(pod_name, record.scheduler, node.name, conflicts, state)
 
 
 def _unchecked(outcome: Outcome, why: str, detail: str) -> Outcome:

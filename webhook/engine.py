@@ -142,7 +142,7 @@ class _Run:
                     decision.unchecked.append(name)
                 continue
             for finding in policy.check(review, context):
-                fix = _apply(decision, name, mode, finding)
+                fix = apply_finding(decision, name, mode, finding)
                 if fix:
                     # Later policies judge the object as it will be stored.
                     self.patch.extend(fix)
@@ -168,8 +168,10 @@ def _by_path(templates: list[TemplateShape] | None) -> dict[str, TemplateShape]:
     return {t.shape.path: t for t in templates or ()}
 
 
-def _apply(decision: Decision, policy: str, mode: str, finding: Finding):
-    """Record one finding according to its policy's mode; return the patch to apply, if any."""
+def apply_finding(decision: Decision, policy: str, mode: Mode, finding: Finding):
+    """Record one finding according to its policy's mode (a warning, an audit record, a fix or
+    a violation): the one place this is decided, for objects, binds and allocations. Returns
+    the patch to apply, if any."""
     violation = Violation(policy, finding.reason, finding.message, finding.node)
     if finding.advisory or mode == Mode.WARN:
         decision.warnings.append(f"[{policy}] {finding.reason}: {finding.message}")

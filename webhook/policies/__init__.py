@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..checks import PodUnderReview
 from ..kube.errors import FieldError
 from ..kube.workloads import PodShape
+from ..state.model import Node, NodeUsage
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -134,6 +135,23 @@ class Context:
 
 
 @dataclass(frozen=True, slots=True)
+class Bind:
+    """A pod bound to a node, as a policy's ``check_bind`` judges it: a scheduler's Binding, or
+    a pod created with ``spec.nodeName`` (``created``). Read at one moment of the state (its
+    lock held): ``usage`` is the node's usage with the binds in flight to it counted, and
+    ``in_flight`` their (scheduler, requests)."""
+
+    pod: PodUnderReview
+    node: Node
+    state: ClusterState
+    usage: NodeUsage
+    in_flight: tuple[tuple[str, Mapping[str, int]], ...]
+    pod_name: str  # "pod NAMESPACE/NAME", as messages name it
+    who: str  # the binder, or the pod's creator
+    created: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class StaticPolicy:
     """A policy's rule as a ValidatingAdmissionPolicy (CEL), for rules that need no node
     state: the API server enforces it even while the guard is down (``vap.py`` renders it)."""
@@ -156,6 +174,13 @@ class Policy(Protocol):
     def read_settings(self, reader: Reader, data: Mapping[str, Any], where: str) -> Any: ...
 
     def check(self, review: Review, context: Context) -> list[Finding]: ...
+
+    # Optional hooks, one per path a request or command can take; a policy implements those it
+    # acts on, and the guards iterate ``registry`` instead of naming policies:
+    #
+    #   check_bind(bind: Bind, context: Context) -> list[Finding]
+    #       a pod bound to a node (``pods/binding``, or created with spec.nodeName), judged
+    #       inside the bind guard's coordinated decision, the binds in flight counted.
 
 
 def read_mode(reader: Reader, data: Mapping[str, Any], where: str, allowed: tuple[str, ...]) -> Mode:

@@ -29,7 +29,7 @@ from ..checks.device_allocation import REASONS as ALLOCATION_REASONS
 from ..checks.device_allocation import judge_allocation
 from ..kube.dra import ResourceClaim, allocation_written
 from ..kube.errors import FieldError
-from . import ANY_OBJECT, NO_FIX, Context, Finding, Mode, Review, read_mode
+from . import ANY_OBJECT, NO_FIX, Bind, Context, Finding, Mode, Review, read_mode
 
 if TYPE_CHECKING:
     from ..reader import Reader
@@ -183,6 +183,28 @@ def _stay_with(allocation, state: ClusterState) -> str:
         "resourceClaimTemplateName, or a claim of its own) and drop spec.nodeName so the scheduler "
         "allocates it where the pod goes."
     )
+
+
+def check_bind(bind: Bind, context: Context) -> list[Finding]:
+    """A pending pod's DRA claim allocated for devices the bound node cannot use (the claims
+    reserved for it, and those its spec names): ``FailedPrepareDynamicResources`` there. Pods
+    created with ``spec.nodeName`` are judged at CREATE (``check``)."""
+    state, record = bind.state, bind.pod.record
+    if bind.created or state.devices is None or record.pending is None:
+        return []
+    allocations = {a.key: a for a in state.devices.reserved_for(record.key)}
+    entries = record.pending.spec.get("resourceClaims")
+    for entry in entries if isinstance(entries, list) else ():
+        name = entry.get("resourceClaimName") if isinstance(entry, Mapping) else None
+        known = state.devices.named(record.pending.namespace, name) if isinstance(name, str) else None
+        if known is not None and known[1] is not None:
+            allocations[known[0]] = known[1]
+    then = "The scheduler will retry it elsewhere."
+    for allocation in allocations.values():
+        finding = claim_elsewhere(bind.pod_name, allocation, bind.node.name, state, then)
+        if finding is not None:
+            return [finding]
+    return []
 
 
 def claim_elsewhere(pod: str, allocation, node: str, state: ClusterState, then: str) -> Finding | None:

@@ -30,7 +30,7 @@ from ..checks.scheduler import placeable, tolerations_of
 from ..globs import globs_overlap, matches_any
 from ..kube.selectors import LABEL_OPERATORS, LabelSelector
 from ..state.model import DEFAULT_SCHEDULER
-from . import ALL_MODES, POD_FIELDS, Context, Finding, Mode, Review, read_mode
+from . import ALL_MODES, POD_FIELDS, Bind, Context, Finding, Mode, Review, read_mode
 
 if TYPE_CHECKING:
     from ..reader import Reader
@@ -355,6 +355,36 @@ def _race(owner: NodeOwner, scheduler: str, state: ClusterState | None) -> str:
             shown = "a bind allowed and not yet in the guard's watch"
         held.append(f"{other} ({shown})" if shown else other)
     return f"{owner.device} is held by pods of {' and '.join(held)}"
+
+
+def check_bind(bind: Bind, context: Context) -> list[Finding]:
+    """A scheduler's Binding of a device pod: a warning when the binder is not among the
+    resource's ``binders`` (a denial would make that scheduler retry forever), and
+    ``MixedDeviceScheduler`` when the node's device is another scheduler's, by configuration,
+    by the device pods bound there, or by binds in flight to it. Pods created with
+    ``spec.nodeName`` are judged at CREATE (``check``)."""
+    if bind.created:
+        return []
+    config = context.config.policy(NAME)
+    record = bind.pod.record
+    findings = [
+        Finding(
+            REASON,
+            f"{bind.pod_name} requests {resource} and was bound by {bind.who or 'an unknown binder'}; only "
+            f"{', '.join(allowed)} should bind it.",
+            advisory=True,
+        )
+        for resource, amount in record.requests.items()
+        for allowed in ((config.allowed_binders(resource) if amount else None),)
+        if allowed is not None and not any(fnmatchcase(bind.who, p) for p in allowed)
+    ]
+    conflicts = node_conflicts(
+        record.requests, record.scheduler, bind.node, bind.state, config, bind.in_flight
+    )
+    if conflicts:
+        message = bind_message(bind.pod_name, record.scheduler, bind.node.name, conflicts, bind.state)
+        findings.append(Finding(REASON, message, bind.node.name))
+    return findings
 
 
 # -- the policy: pods and templates at CREATE and UPDATE ------------------------------------

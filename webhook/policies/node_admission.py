@@ -20,7 +20,7 @@ from ..kube.reasons import SYSCTL_FORBIDDEN
 from ..kube.sysctls import namespace_of, normalize
 from ..kube.tolerations import untolerated_taint
 from ..state.model import is_mirror
-from . import NO_FIX, POD_FIELDS, Context, Finding, Mode, Review, device_scheduler, read_mode
+from . import NO_FIX, POD_FIELDS, Bind, Context, Finding, Mode, Review, device_scheduler, read_mode
 from .device_scheduler import owned_by_others
 
 if TYPE_CHECKING:
@@ -219,6 +219,31 @@ def check(review: Review, context: Context) -> list[Finding]:
             node=node_name,
         )
         for i, failure in enumerate(failures)
+    ]
+
+
+def check_bind(bind: Bind, context: Context) -> list[Finding]:
+    """The kubelet's admission on the bound node, the binds in flight counted: one finding per
+    handler that would refuse the pod."""
+    config = context.config.policy(NAME)
+    unsafe = config.unsafe_sysctls_for(bind.node.labels)
+    failures = kubelet_admission(bind.pod, bind.node, bind.usage, unsafe)
+    if bind.created:
+        who, then = (
+            f"created with spec.nodeName by {bind.who or 'an unknown user'}",
+            ("Drop spec.nodeName to let the scheduler place it."),
+        )
+    else:
+        who, then = f"bound by {bind.who or 'an unknown binder'}", "The scheduler will retry it elsewhere."
+    return [
+        Finding(
+            failure.reason,
+            f"the kubelet on {bind.node.name} would reject {bind.pod_name}, {who}: {failure.reason}: "
+            f"{failure.message.rstrip()} ({failure.hint}). Capacity reserved for binds not yet visible "
+            f"counts. {then}",
+            node=bind.node.name,
+        )
+        for failure in failures
     ]
 
 

@@ -16,3 +16,5 @@ POLICIES: tuple[Policy, ...] = (
     device_allocation,
 )
 NAMES = tuple(policy.NAME for policy in POLICIES)
+# The policies with a hook for a path, in registry order: what the guards iterate.
+BIND_POLICIES = tuple(policy for policy in POLICIES if hasattr(policy, "check_bind"))
