@@ -20,10 +20,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from fnmatch import fnmatchcase
 
 from . import admission
-from .admission import VALIDATE, AdmissionRequest, Outcome, is_claim_status
+from .admission import VALIDATE, AdmissionRequest, Outcome, is_claim_status, respond
 from .config import Config
 from .coordination.allocations import MAX_RESULTS, InFlight, counts, in_flight, kept
 from .coordination.budget import Budget, Busy, DeadlineExceeded
@@ -40,10 +39,11 @@ from .coordination.transaction import (
     TableFailed,
     Transaction,
 )
-from .engine import Decision, Violation
-from .kube.dra import ClaimAllocation, ResourceClaim, resource_claim_from
+from .engine import Decision, Violation, apply_finding
+from .kube.dra import ResourceClaim, resource_claim_from
 from .kube.errors import FieldError
-from .policies import Mode, device_allocation
+from .policies import Allocation, Context, Finding, Mode, device_allocation
+from .policies.registry import ALLOCATION_POLICIES as HOOKED
 from .state.apiserver import ApiError
 from .state.source import StateSource
 
@@ -80,9 +80,10 @@ class AllocationGuard:
             return outcome
         if not device_allocation.is_allocation_write(req.obj, req.old_obj, req.operation):
             return outcome
-        mode = self.config.active(POLICY, req.namespace, req.user, req.groups)
-        if mode not in (Mode.ENFORCE, Mode.WARN):
+        if not self.judges(req):
             return outcome
+        modes = {p.NAME: self.config.active(p.NAME, req.namespace, req.user, req.groups) for p in HOOKED}
+        modes = {name: mode for name, mode in modes.items() if mode != Mode.OFF}
         try:
             claim = resource_claim_from(req.obj)  # the one read of the claim
         except FieldError as err:
@@ -92,14 +93,14 @@ class AllocationGuard:
         allocation = claim.allocation
         if allocation is None:
             return outcome
-        self._allocators(outcome, req, allocation)
         if len(allocation.results) > MAX_RESULTS:
             return _deny(
                 outcome,
-                [("Invalid", f"status.allocation.devices.results: Too many: {len(allocation.results)}: "
-                  f"must have at most {MAX_RESULTS} items (the API server refuses this write)")],
+                "Invalid",
+                f"status.allocation.devices.results: Too many: {len(allocation.results)}: must have at "
+                f"most {MAX_RESULTS} items (the API server refuses this write)",
                 code=422,
-            )  # fmt: skip
+            )
         settings = self.config.node_admission.reservations
         now = self.clock()
         version = str((req.old_obj or {}).get("metadata", {}).get("resourceVersion") or "")
@@ -108,7 +109,9 @@ class AllocationGuard:
             new = in_flight(claim.key, req.obj, version, now + settings.ttl_seconds, confirm)
         except ValueError as err:
             return _busy(outcome, str(err))
-        judge = _Judge(new, claim, source, req, now)
+        judge = _Judge(
+            new, claim, source, req, now, self.config, {n: m for n, m in modes.items() if m != Mode.OFF}
+        )
         transaction = Transaction(
             IN_FLIGHT_RECORDS, self.local, self.leases, Budget.of(settings), lambda: Budget.of(settings)
         )
@@ -127,48 +130,34 @@ class AllocationGuard:
             return _unchecked(outcome, TABLE_ERROR, str(err))
         finally:
             outcome.table_trouble = transaction.trouble
-        if fits:
-            if unknown:
-                _unchecked(
-                    outcome,
-                    UNKNOWN_POOL,
-                    f"pools {', '.join(unknown)} are in no ResourceSlice the guard knows; their devices "
-                    "were not checked against allocations in flight",
-                )
-            return outcome
-        if mode == Mode.WARN:
-            for f in judge.findings:
-                outcome.response.setdefault("warnings", []).append(f"[{POLICY}] {f.reason}: {f.message}")
-            return outcome
-        return _deny(outcome, [(f.reason, f.message) for f in judge.findings])
-
-    def _allocators(self, outcome: Outcome, req: AdmissionRequest, allocation: ClaimAllocation) -> None:
-        """An allocation written by an identity the driver's ``allocators`` do not include: a
-        ``MixedDeviceScheduler`` warning (like binders: a denial would make it retry forever)."""
-        device = self.config.device_scheduler
-        if device.mode == Mode.OFF or not device.allocators:
-            return
-        for driver in sorted({r.driver for r in allocation.results}):
-            allowed = device.allowed_allocators(driver)
-            if allowed is not None and not any(fnmatchcase(req.user, p) for p in allowed):
-                outcome.response.setdefault("warnings", []).append(
-                    f"[deviceScheduler] MixedDeviceScheduler: ResourceClaim {req.namespace}/{req.name} was "
-                    f"allocated devices of {driver} by {req.user or 'an unknown writer'}; only "
-                    f"{', '.join(allowed)} should allocate them."
-                )
+        if fits and unknown:
+            _unchecked(
+                outcome,
+                UNKNOWN_POOL,
+                f"pools {', '.join(unknown)} are in no ResourceSlice the guard knows; their devices "
+                "were not checked against allocations in flight",
+            )
+        decision = Decision()
+        for name, findings in judge.found.items():
+            for finding in findings:
+                apply_finding(decision, name, judge.modes[name], finding)
+        return respond(outcome, decision)
 
 
 @dataclass(slots=True)
 class _Judge:
-    """One allocation judged against the index plus the records still in flight, at one
-    moment of the state (its lock held); the records that ended are not written back."""
+    """One allocation judged by every policy's ``check_allocation`` against the index plus the
+    records still in flight, at one moment of the state (its lock held); the records that ended
+    are not written back."""
 
     new: InFlight
     claim: ResourceClaim
     source: StateSource
     req: AdmissionRequest
     now: float
-    findings: list = field(default_factory=list)
+    config: Config
+    modes: dict[str, Mode]  # the active policies with the hook
+    found: dict[str, list[Finding]] = field(default_factory=dict)
     dropped: set[str] = field(default_factory=set)
 
     def __call__(self, entries: list[InFlight]) -> bool:
@@ -178,9 +167,18 @@ class _Judge:
                 raise _StateGone(view.unavailable or "no device state")
             others = [e for e in entries if e.claim != self.new.claim]
             self.dropped.update(e.claim for e in others if not kept(e, state, self.now))
-            flying = [e.allocation for e in others if counts(e, state, self.now)]
-            self.findings[:] = device_allocation.allocation_findings(self.claim, state, self.req.user, flying)
-        return not self.findings
+            flying = tuple(e.allocation for e in others if counts(e, state, self.now))
+            allocation = Allocation(self.claim, self.req.user, state, flying)
+            context = Context(state, self.config)
+            self.found = {}
+            for policy in HOOKED:
+                if policy.NAME in self.modes:
+                    findings = policy.check_allocation(allocation, context)
+                    if findings:
+                        self.found[policy.NAME] = findings
+        return not any(
+            self.modes[name].denies and not f.advisory for name, fs in self.found.items() for f in fs
+        )
 
     def keep(self, entry: InFlight) -> bool:
         return entry.claim not in self.dropped
@@ -211,23 +209,8 @@ def _unchecked(outcome: Outcome, why: str, detail: str) -> Outcome:
 
 
 def _busy(outcome: Outcome, why: str) -> Outcome:
-    return _deny(
-        outcome,
-        [(BUSY, f"the allocation was not decided: {why}. The scheduler will retry it.")],
-        code=429,
-    )
+    return _deny(outcome, BUSY, f"the allocation was not decided: {why}. The scheduler will retry it.", 429)
 
 
-def _deny(outcome: Outcome, findings: list[tuple[str, str]], code: int = 403) -> Outcome:
-    reasons = list(dict.fromkeys(reason for reason, _ in findings))
-    lines = [f"{reason}: {message}" for reason, message in findings]
-    text = lines[0] if len(lines) == 1 else " ".join(f"({i}) {line}" for i, line in enumerate(lines, 1))
-    outcome.response["allowed"] = False
-    outcome.response["status"] = {
-        "code": code,
-        "reason": ",".join(reasons),
-        "message": f"admit-guard: {text}",
-    }
-    outcome.reasons = reasons
-    outcome.decision = Decision(allowed=False, violations=[Violation(POLICY, r, m) for r, m in findings])
-    return outcome
+def _deny(outcome: Outcome, reason: str, message: str, code: int = 403) -> Outcome:
+    return respond(outcome, Decision(violations=[Violation(POLICY, reason, message)]), code)

@@ -17,6 +17,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..checks import PodUnderReview
+from ..kube.dra import ClaimAllocation, ResourceClaim
 from ..kube.errors import FieldError
 from ..kube.workloads import PodShape
 from ..state.model import Node, NodeUsage
@@ -152,6 +153,18 @@ class Bind:
 
 
 @dataclass(frozen=True, slots=True)
+class Allocation:
+    """A DRA allocation written to a ResourceClaim's status, as a policy's ``check_allocation``
+    judges it: the claim (read once), who wrote it, and the allocations allowed and not yet in
+    the state's device index (``in_flight``), which count as if they were."""
+
+    claim: ResourceClaim
+    writer: str
+    state: ClusterState
+    in_flight: tuple[ClaimAllocation, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class StaticPolicy:
     """A policy's rule as a ValidatingAdmissionPolicy (CEL), for rules that need no node
     state: the API server enforces it even while the guard is down (``vap.py`` renders it)."""
@@ -181,6 +194,9 @@ class Policy(Protocol):
     #   check_bind(bind: Bind, context: Context) -> list[Finding]
     #       a pod bound to a node (``pods/binding``, or created with spec.nodeName), judged
     #       inside the bind guard's coordinated decision, the binds in flight counted.
+    #   check_allocation(allocation: Allocation, context: Context) -> list[Finding]
+    #       a ``resourceclaims/status`` write that sets an allocation, judged inside the
+    #       allocation guard's coordinated decision, the allocations in flight counted.
 
 
 def read_mode(reader: Reader, data: Mapping[str, Any], where: str, allowed: tuple[str, ...]) -> Mode:

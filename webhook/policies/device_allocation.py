@@ -29,7 +29,7 @@ from ..checks.device_allocation import REASONS as ALLOCATION_REASONS
 from ..checks.device_allocation import judge_allocation
 from ..kube.dra import ResourceClaim, allocation_written
 from ..kube.errors import FieldError
-from . import ANY_OBJECT, NO_FIX, Bind, Context, Finding, Mode, Review, read_mode
+from . import ANY_OBJECT, NO_FIX, Allocation, Bind, Context, Finding, Mode, Review, read_mode
 
 if TYPE_CHECKING:
     from ..reader import Reader
@@ -93,6 +93,11 @@ def allocation_findings(
         )
         for f in judge_allocation(obj, state.devices, in_flight=in_flight)
     ]
+
+
+def check_allocation(allocation: Allocation, context: Context) -> list[Finding]:
+    """The allocation against every other claim in the index and every allocation in flight."""
+    return allocation_findings(allocation.claim, allocation.state, allocation.writer, allocation.in_flight)
 
 
 def _allocation(review: Review, state: ClusterState | None) -> list[Finding]:

@@ -30,7 +30,7 @@ from ..checks.scheduler import placeable, tolerations_of
 from ..globs import globs_overlap, matches_any
 from ..kube.selectors import LABEL_OPERATORS, LabelSelector
 from ..state.model import DEFAULT_SCHEDULER
-from . import ALL_MODES, POD_FIELDS, Bind, Context, Finding, Mode, Review, read_mode
+from . import ALL_MODES, POD_FIELDS, Allocation, Bind, Context, Finding, Mode, Review, read_mode
 
 if TYPE_CHECKING:
     from ..reader import Reader
@@ -385,6 +385,27 @@ def check_bind(bind: Bind, context: Context) -> list[Finding]:
         message = bind_message(bind.pod_name, record.scheduler, bind.node.name, conflicts, bind.state)
         findings.append(Finding(REASON, message, bind.node.name))
     return findings
+
+
+def check_allocation(allocation: Allocation, context: Context) -> list[Finding]:
+    """An allocation written by an identity the driver's ``allocators`` do not include: a
+    warning, like a binder's (a denial would make that scheduler retry forever)."""
+    config = context.config.policy(NAME)
+    written = allocation.claim.allocation
+    if not config.allocators or written is None:
+        return []
+    writer = allocation.writer
+    return [
+        Finding(
+            REASON,
+            f"ResourceClaim {allocation.claim.claim} was allocated devices of {driver} by "
+            f"{writer or 'an unknown writer'}; only {', '.join(allowed)} should allocate them.",
+            advisory=True,
+        )
+        for driver in sorted({r.driver for r in written.results})
+        for allowed in (config.allowed_allocators(driver),)
+        if allowed is not None and not any(fnmatchcase(writer, p) for p in allowed)
+    ]
 
 
 # -- the policy: pods and templates at CREATE and UPDATE ------------------------------------

@@ -18,3 +18,4 @@ POLICIES: tuple[Policy, ...] = (
 NAMES = tuple(policy.NAME for policy in POLICIES)
 # The policies with a hook for a path, in registry order: what the guards iterate.
 BIND_POLICIES = tuple(policy for policy in POLICIES if hasattr(policy, "check_bind"))
+ALLOCATION_POLICIES = tuple(policy for policy in POLICIES if hasattr(policy, "check_allocation"))
