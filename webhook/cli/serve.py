@@ -77,8 +77,8 @@ if TYPE_CHECKING:
     "--client-cn",
     "client_cns",
     multiple=True,
-    help="Allowed common name of a client certificate (repeatable; default: any the CA signed). "
-    "Overrides clientAuth.commonNames.",
+    help="Allowed common name of a client certificate: the subject's last CN, as Kubernetes reads "
+    "it (repeatable; default: any the CA signed). Overrides clientAuth.commonNames.",
 )
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info")
 @click.option(

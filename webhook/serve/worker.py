@@ -472,7 +472,7 @@ class GuardWorker(ThreadWorker):
             certificate = tls.getpeercert()
         except (OSError, ValueError):
             return False
-        return bool(certificate) and self.client_auth.allows(_common_names(certificate))
+        return bool(certificate) and self.client_auth.allows(certificate_name(certificate))
 
     def _continue(self, pending: _Pending) -> bool:
         """``Expect: 100-continue``: the interim answer, or 503 at once when the declared body
@@ -605,6 +605,10 @@ class GuardWorker(ThreadWorker):
         pending.conn.close()
 
 
-def _common_names(certificate: dict) -> tuple[str, ...]:
-    """The subject's common names, from ``SSLSocket.getpeercert()``."""
-    return tuple(value for rdn in certificate.get("subject", ()) for key, value in rdn if key == "commonName")
+def certificate_name(certificate: dict) -> str | None:
+    """The name Kubernetes reads from a client certificate (``SSLSocket.getpeercert()``): the
+    subject's last common name. Go's ``pkix.Name`` sets ``CommonName`` from every CN attribute in
+    order, so with two (``CN=kube-apiserver, CN=attacker``) the API server sees the last; an
+    allowed name earlier in the subject must not let the certificate in."""
+    names = [value for rdn in certificate.get("subject", ()) for key, value in rdn if key == "commonName"]
+    return names[-1] if names else None
