@@ -102,6 +102,29 @@ def test_a_connection_that_sends_nothing_is_closed_at_the_first_byte_timeout(ser
     assert time.monotonic() - started < 5  # the first-byte timeout (1 s), not the request timeout (10 s)
 
 
+def _closed_after(server, started: float) -> float:
+    """Seconds from ``started`` until the server closes a connection that sends nothing."""
+    silent = socket.create_connection(("127.0.0.1", server.port), timeout=8)
+    try:
+        assert silent.recv(1) == b""
+    except ConnectionResetError:
+        pass
+    finally:
+        silent.close()
+    return time.monotonic() - started
+
+
+def test_a_silent_connection_is_closed_within_a_tenth_of_a_second_of_its_first_byte_timeout(tmp_path):
+    """The loop wakes for the nearest deadline, not on its one-second poll: a 0.5 s first-byte
+    timeout closed silent connections at 1.0 s."""
+    with live_server(
+        tmp_path, "--cluster", str(EXAMPLES / "cluster"), "--first-byte-timeout", "0.5", workers=2, threads=2
+    ) as s:
+        for _ in range(3):
+            took = _closed_after(s, time.monotonic())
+            assert 0.5 <= took < 0.8, took
+
+
 def test_a_bare_lf_request_gets_400_at_once(server):
     conn = _raw_tls(server)
     started = time.monotonic()

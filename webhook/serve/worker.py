@@ -166,9 +166,10 @@ class GuardWorker(ThreadWorker):
     def wait_for_and_dispatch_events(self, timeout: float) -> None:
         """gunicorn's, except that an error in one connection's callback closes that connection
         and the loop goes on: an exception escaping here ends the worker and every connection
-        it holds. Deadlines already passed (more than one turn expires) make the wait zero."""
-        if self.deadlines and self.deadlines[0][0] <= time.monotonic():
-            timeout = 0
+        it holds. The wait ends at the nearest deadline (zero when one passed already): gunicorn
+        waits a whole second, so a 0.5 s first-byte timeout closed connections after 1.0 s."""
+        if self.deadlines:
+            timeout = min(timeout, max(0.0, self.deadlines[0][0] - time.monotonic()))
         try:
             events = self.poller.select(timeout)
         except OSError as err:
