@@ -11,6 +11,7 @@ once, and ``Expect: 100-continue`` its interim answer before the body is sent.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import selectors
 import socket
@@ -24,6 +25,7 @@ from types import SimpleNamespace
 import pytest
 
 from tests.live_server import live_server, post_json
+from webhook.serve.limits import PARSED_COST
 from webhook.serve.worker import GuardWorker
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -199,11 +201,15 @@ def _loop_worker(max_buffered: int) -> GuardWorker:
     return worker
 
 
+_CHUNKED_START = _head("Transfer-Encoding: chunked\r\n") + b"%x\r\n" % (2 * 1024 * 1024)
+
+
 def _send_body(sock: socket.socket, size: int, answers: list[bytes]) -> None:
-    """Declare a max-size body, send ``size`` bytes of it, and keep what the server answers
-    (nothing, for a body it buffered and still waits the rest of)."""
+    """Start a chunked body (no size declared: only what arrives counts), send ``size`` bytes of
+    its first 2 MiB chunk, and keep what the server answers (nothing, for a body it buffered and
+    still waits the rest of)."""
     with contextlib.suppress(OSError):
-        sock.sendall(_head(f"Content-Length: {3 * 1024 * 1024}\r\n") + b"x" * size)
+        sock.sendall(_CHUNKED_START + b"x" * size)
     answers.append(_reply(sock, limit=2.0))
 
 
@@ -211,7 +217,7 @@ def test_buffered_bodies_never_exceed_the_cap_and_those_past_it_get_503_with_ret
     cap, body = 8 * 1024 * 1024, 1024 * 1024
     worker = _loop_worker(cap)
     clients, answers, threads = [], [], []
-    for _ in range(24):  # 24 bodies of 1 MiB each (of a declared 3 MiB): three times the cap
+    for _ in range(24):  # 24 bodies of 1 MiB each, still arriving: three times the cap
         client, served = socket.socketpair()
         worker.nr_conns += 1
         worker._start(_Conn(served), handshake=False)
@@ -227,9 +233,103 @@ def test_buffered_bodies_never_exceed_the_cap_and_those_past_it_get_503_with_ret
         client.close()
     refused = [a for a in answers if a.startswith(b"HTTP/1.1 503 ")]
     assert 0 < peak <= cap
-    held_whole = cap // (body + len(_head("Content-Length: 3145728\r\n")))  # 7 fit whole
+    held_whole = cap // (body + len(_CHUNKED_START))  # 7 fit whole
     assert len(refused) >= 24 - held_whole
     assert all(b"\r\nRetry-After: " in a for a in refused)
+
+
+def test_a_declared_body_that_could_not_be_parsed_within_the_budget_gets_503_before_it_is_sent():
+    """Once whole, a request counts ``PARSED_COST`` times its size: one whose head already says
+    it cannot fit is refused at once, not after its body arrived. Nothing is reserved for one
+    that fits: a client declaring a body it never sends holds only what it sent."""
+    cap = 8 * 1024 * 1024
+    worker = _loop_worker(cap)
+    too_large, fits = cap // PARSED_COST + 1, cap // PARSED_COST - 1024  # 1 KiB: room for the head
+    answers = {}
+    for declared in (too_large, fits):
+        client, served = socket.socketpair()
+        worker.nr_conns += 1
+        worker._start(_Conn(served), handshake=False)
+        client.sendall(_head(f"Content-Length: {declared}\r\n"))
+        for _ in range(5):
+            worker.wait_for_and_dispatch_events(0.01)
+        client.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            answers[declared] = client.recv(200)
+        client.close()
+    assert answers[too_large].startswith(b"HTTP/1.1 503 ")
+    assert fits not in answers  # still waiting for its body
+    assert worker.buffered == len(_head(f"Content-Length: {fits}\r\n"))
+
+
+# -- the buffer budget, measured on a live worker's memory ------------------------------------
+
+MAX_BODY = 3 * 1024 * 1024
+
+
+def _max_size_review() -> bytes:
+    """A valid review of exactly the body limit: a Deployment with a large annotation."""
+    review = json.loads(REVIEW)
+    review["request"]["object"]["metadata"]["annotations"] = {"pad": ""}
+    pad = MAX_BODY - len(json.dumps(review).encode())
+    review["request"]["object"]["metadata"]["annotations"]["pad"] = "x" * pad
+    return json.dumps(review).encode()
+
+
+def _memory(pid: int, field: str) -> int:
+    """``VmRSS`` or ``VmHWM`` (the peak RSS) of a process, in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1]) * 1024
+    raise LookupError(field)
+
+
+def _send_at_once(server, body: bytes, start: threading.Barrier, answers: list[bytes]) -> None:
+    """A fast sender: TLS up first, then the whole request in one write, with the others."""
+    try:
+        conn = _raw_tls(server)
+        start.wait()
+        conn.sendall(_head(f"Content-Length: {len(body)}\r\n") + body)
+        answers.append(_reply(conn, limit=30.0))
+        conn.close()
+    except (OSError, threading.BrokenBarrierError) as err:
+        answers.append(repr(err).encode())
+
+
+def test_worker_memory_stays_bounded_under_fast_senders(tmp_path):
+    """60 clients write a 3 MiB review each at once. A request counts against the budget from
+    its first byte until its answer is out, its parsed copies included: past the budget clients
+    get 503, and the worker's peak RSS grows by less than one and a half
+    budgets (the half: a growing buffer's slack, the connections' TLS state, the allocator's).
+    Before, a body handed to a thread left the budget (and stayed in memory until its
+    deadline): the same 60 took a worker twice its budget over its baseline, and more."""
+    budget, connections = 48 * 1024 * 1024, 60  # room for one parsed 3 MiB review (39 MiB)
+    body = _max_size_review()
+    with live_server(
+        tmp_path, "--cluster", str(EXAMPLES / "cluster"), "--max-buffered-bytes", str(budget),
+        workers=1, threads=4,
+    ) as s:  # fmt: skip
+        (worker,) = _worker_pids(s, 1)
+        warm = s.connect()
+        assert post_json(warm, "/validate", REVIEW)[0] == 200
+        baseline = _memory(worker, "VmRSS")
+        start, answers = threading.Barrier(connections), []
+        senders = [
+            threading.Thread(target=_send_at_once, args=(s, body, start, answers)) for _ in range(connections)
+        ]
+        for sender in senders:
+            sender.start()
+        for sender in senders:
+            sender.join(60)
+        grown = _memory(worker, "VmHWM") - baseline
+        assert _worker_pids(s, 1) == [worker] and s.process.poll() is None  # nothing killed
+    statuses = [a.split(b" ", 2)[1] if a.startswith(b"HTTP/1.1 ") else a for a in answers]
+    refused = [a for a in answers if a.startswith(b"HTTP/1.1 503 ")]
+    print(f"peak RSS {grown >> 20} MiB over a baseline of {baseline >> 20} MiB; "
+          f"{statuses.count(b'200')} answered 200, {len(refused)} 503")  # fmt: skip
+    assert len(answers) == connections and set(statuses) == {b"200", b"503"}, statuses
+    assert all(b"\r\nRetry-After: " in a for a in refused)
+    assert grown <= budget * 3 // 2, f"peak RSS {grown >> 20} MiB over baseline, budget {budget >> 20} MiB"
 
 
 @pytest.mark.parametrize(
@@ -253,12 +353,17 @@ def test_the_default_buffer_budget_is_a_share_of_the_containers_memory_limit(tmp
     assert default_buffered_bytes(2, 3 << 20, limit) == 128 << 20  # a quarter of 1 GiB, per worker of 2
 
 
-def test_without_a_memory_limit_the_buffer_budget_is_fixed_and_fits_one_largest_request(tmp_path):
-    from webhook.serve.limits import DEFAULT_BUFFERED_BYTES, container_memory_limit, default_buffered_bytes
+def test_without_a_memory_limit_the_buffer_budget_is_fixed_and_fits_one_largest_request_parsed(tmp_path):
+    from webhook.serve.limits import (
+        DEFAULT_BUFFERED_BYTES,
+        container_memory_limit,
+        default_buffered_bytes,
+        parsed_cost,
+    )
 
     (tmp_path / "cgroup").write_text("4:memory:/\n")
     (tmp_path / "memory").mkdir()
     (tmp_path / "memory" / "memory.limit_in_bytes").write_text("9223372036854771712\n")
     assert container_memory_limit(tmp_path / "cgroup", tmp_path) is None
     assert default_buffered_bytes(2, 3 << 20, None) == DEFAULT_BUFFERED_BYTES
-    assert default_buffered_bytes(64, 3 << 20, 256 << 20) == (3 << 20) + 64 * 1024
+    assert default_buffered_bytes(64, 3 << 20, 256 << 20) == parsed_cost((3 << 20) + 64 * 1024)
