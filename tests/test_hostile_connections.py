@@ -24,7 +24,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.live_server import live_server, post_json
+from tests.live_server import live_server, metric_sum, post_json
 from webhook.serve.limits import PARSED_COST
 from webhook.serve.worker import GuardWorker
 
@@ -299,7 +299,7 @@ def _send_at_once(server, body: bytes, start: threading.Barrier, answers: list[b
 def test_worker_memory_stays_bounded_under_fast_senders(tmp_path):
     """60 clients write a 3 MiB review each at once. A request counts against the budget from
     its first byte until its answer is out, its parsed copies included: past the budget clients
-    get 503, and the worker's peak RSS grows by less than one and a half
+    get 503 (counted in a metric), and the worker's peak RSS grows by less than one and a half
     budgets (the half: a growing buffer's slack, the connections' TLS state, the allocator's).
     Before, a body handed to a thread left the budget (and stayed in memory until its
     deadline): the same 60 took a worker twice its budget over its baseline, and more."""
@@ -322,6 +322,9 @@ def test_worker_memory_stays_bounded_under_fast_senders(tmp_path):
         for sender in senders:
             sender.join(60)
         grown = _memory(worker, "VmHWM") - baseline
+        metrics = s.connect()
+        metrics.request("GET", "/metrics")
+        scraped = metrics.getresponse().read().decode()
         assert _worker_pids(s, 1) == [worker] and s.process.poll() is None  # nothing killed
     statuses = [a.split(b" ", 2)[1] if a.startswith(b"HTTP/1.1 ") else a for a in answers]
     refused = [a for a in answers if a.startswith(b"HTTP/1.1 503 ")]
@@ -330,6 +333,7 @@ def test_worker_memory_stays_bounded_under_fast_senders(tmp_path):
     assert len(answers) == connections and set(statuses) == {b"200", b"503"}, statuses
     assert all(b"\r\nRetry-After: " in a for a in refused)
     assert grown <= budget * 3 // 2, f"peak RSS {grown >> 20} MiB over baseline, budget {budget >> 20} MiB"
+    assert metric_sum(scraped, "admit_guard_requests_refused_total", reason="buffer-budget") == len(refused)
 
 
 @pytest.mark.parametrize(

@@ -59,6 +59,7 @@ from .limits import (
     REQUEST_TIMEOUT,
     parsed_cost,
 )
+from .metrics import BUFFER_BUDGET, count_refused
 from .reply import WOULD_BLOCK, Reply, with_client_identity
 
 _READ_SIZE = 256 * 1024
@@ -523,8 +524,10 @@ class GuardWorker(ThreadWorker):
         return True
 
     def _over_budget(self, pending: _Pending) -> None:
-        """503: the worker holds ``max_buffered`` bytes' worth of requests. Logged at most every
-        ``_REFUSAL_LOG_SECONDS``, with the count: a flood must not become a flood of log lines."""
+        """503: the worker holds ``max_buffered`` bytes' worth of requests. Counted in
+        ``admit_guard_requests_refused_total``; logged at most every ``_REFUSAL_LOG_SECONDS``, with
+        the count: a flood must not become a flood of log lines."""
+        count_refused(BUFFER_BUDGET)
         self._refused += 1
         now = time.monotonic()
         if now >= self._refusal_logged + _REFUSAL_LOG_SECONDS:
