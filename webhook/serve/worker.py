@@ -458,11 +458,13 @@ class GuardWorker(ThreadWorker):
                     self._watch(pending, selectors.EVENT_READ)
                     return
                 room = self.max_buffered - self.buffered
-                if room <= 0:
+                if room <= 0 and pending.data:
                     self._over_budget(pending)
                     return
                 reads += 1
-                chunk = conn.sock.recv(min(_READ_SIZE, room))
+                # With the budget spent, one byte tells a request (refused next turn of this
+                # loop) from a keep-alive client closing (no request: neither answered nor counted).
+                chunk = conn.sock.recv(min(_READ_SIZE, max(room, 1)))
                 if not chunk:
                     self._drop(pending)  # the client went away
                     return
