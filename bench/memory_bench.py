@@ -1,14 +1,22 @@
-"""Memory benchmark (issue 21, item 7): 400 max-size bodies, sent slowly, against a 1 GiB limit.
+"""Memory benchmark (issue 21, item 7; issue 30): 400 max-size bodies against a 1 GiB limit,
+sent slowly and sent at once.
 
 A server as the Deployment runs it (2 workers x 4 threads, TLS, the example cluster) on
 loopback, in a memory cgroup limited to 1 GiB when the bench can make one (root, cgroup v1 or
-v2), so the default ``--max-buffered-bytes`` is sized from that limit as in a pod (a quarter of
-it across the workers: 128 MiB each); elsewhere the same value is passed explicitly and the
-limit is only measured against. 400 connections each send a valid AdmissionReview padded to
-the 3 MiB body limit, in 64 KiB pieces over about 5 s (inside the 10 s request timeout). Before
-the cap, every worker buffered every body it was sent and one was OOM-killed inside 1 GiB.
-Reported: peak RSS per worker and of all workers together (sampled every 20 ms), how many
-bodies were answered 200, 503 (with Retry-After) or otherwise, and worker restarts.
+v2, and not ``--no-cgroup``), so the default ``--max-buffered-bytes`` is sized from that limit
+as in a pod (a quarter of it across the workers: 128 MiB each); elsewhere the same value is
+passed explicitly and the limit is only measured against. 400 connections each send a valid
+AdmissionReview padded to the 3 MiB body limit, in two cases, each against a fresh server:
+
+- slow: in 64 KiB pieces over about 5 s (inside the 10 s request timeout). Before the cap,
+  every worker buffered every body it was sent and one was OOM-killed inside 1 GiB.
+- fast: TLS up first, then the whole request in one write, all 400 together. Before the budget
+  counted a request until its answer was out (parsed copies included), a body handed to a
+  thread left the budget: 399 answered 200, no 503, a worker at 678 MiB and OOM-killed (as
+  reported in issue 30).
+
+Reported per case: peak RSS per worker and of all workers together (sampled every 20 ms), how
+many bodies were answered 200, 503 (with Retry-After) or otherwise, and worker restarts.
 Target: the workers together stay under 1 GiB, no worker restarts.
 """
 
@@ -54,8 +62,10 @@ def padded_review() -> bytes:
 class MemoryCgroup:
     """A memory cgroup limited to ``limit`` bytes, for the server and its workers (removed after)."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int | None) -> None:
         self.path: Path | None = None
+        if limit is None:
+            return  # not asked for: the limit is measured against only
         name = f"admit-guard-bench-{os.getpid()}"
         for base, limit_file in ((CGROUP_V2, "memory.max"), (CGROUP_V1, "memory.limit_in_bytes")):
             if not (base / limit_file).exists() and not (base / "cgroup.procs").exists():
@@ -70,6 +80,8 @@ class MemoryCgroup:
                     (base / name).rmdir()
 
     def peak(self) -> int:
+        if self.path is None:
+            return 0
         for name in ("memory.peak", "memory.max_usage_in_bytes"):
             with contextlib.suppress(OSError):
                 return int((self.path / name).read_text())
@@ -95,8 +107,13 @@ class MemoryCgroup:
 
 
 def worker_pids(server: LiveServer) -> list[int]:
-    pid = server.process.pid
-    return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    """The server's workers, once all have started (the server answers as soon as one has)."""
+    pid, deadline = server.process.pid, time.monotonic() + 10
+    while True:
+        pids = sorted(int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split())
+        if len(pids) >= WORKERS or time.monotonic() > deadline:
+            return pids
+        time.sleep(0.05)
 
 
 def rss(pid: int) -> int:
@@ -122,18 +139,41 @@ def send_slowly(
         for at in range(0, len(body), PIECE):
             conn.sendall(body[at : at + PIECE])
             time.sleep(PIECE_INTERVAL)
-        reply = b""
-        while b"\r\n\r\n" not in reply:
-            chunk = conn.recv(65536)
-            if not chunk:
-                break
-            reply += chunk
-        status = reply.split(b" ", 2)[1].decode() if reply.startswith(b"HTTP/1.1 ") else "no answer"
-        if status == "503" and b"\r\nRetry-After: " not in reply:
-            status = "503 without Retry-After"
-        outcomes[status] += 1
+        outcomes[status_of(conn)] += 1
     except OSError as err:
         outcomes[type(err).__name__] += 1
+
+
+def send_at_once(
+    server: LiveServer, body: bytes, start: threading.Barrier, outcomes: collections.Counter
+) -> None:
+    """A fast sender: the handshake first, then head and body in one write with all the others."""
+    try:
+        raw = socket.create_connection(("127.0.0.1", server.port), timeout=60)
+        conn = server.tls_context().wrap_socket(raw, server_hostname="localhost")
+        head = (
+            "POST /validate HTTP/1.1\r\nHost: guard\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        )
+        start.wait()
+        conn.sendall(head.encode() + body)
+        outcomes[status_of(conn)] += 1
+    except (OSError, threading.BrokenBarrierError) as err:
+        outcomes[type(err).__name__] += 1
+
+
+def status_of(conn) -> str:
+    """The status of the answer on ``conn`` ("503 without Retry-After" when it lacks one)."""
+    reply = b""
+    while b"\r\n\r\n" not in reply:
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        reply += chunk
+    status = reply.split(b" ", 2)[1].decode() if reply.startswith(b"HTTP/1.1 ") else "no answer"
+    if status == "503" and b"\r\nRetry-After: " not in reply:
+        status = "503 without Retry-After"
+    return status
 
 
 def serve_in(cgroup: str, args: list[str]) -> None:
@@ -173,14 +213,20 @@ def main() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(max(soft, 4096), hard), hard))
     body = padded_review()
-    cgroup = MemoryCgroup(LIMIT)
+    for case, sender in (("slow", send_slowly), ("fast", send_at_once)):
+        run_case(case, sender, body, enforce="--no-cgroup" not in sys.argv[1:])
+
+
+def run_case(case: str, sender, body: bytes, *, enforce: bool) -> None:
+    """One case against a fresh server (in a fresh cgroup when ``enforce`` and one can be made)."""
+    cgroup = MemoryCgroup(LIMIT if enforce else None)
     budget = default_buffered_bytes(WORKERS, MAX_BODY, LIMIT)
     args = ["--cluster", str(EXAMPLES / "cluster")]
     if cgroup.path is None:
         args += ["--max-buffered-bytes", str(budget)]  # what the default would be under the limit
-        print("no memory cgroup (not root?): the 1 GiB limit is measured against, not enforced")
-    print(f"{CONNECTIONS} connections x {MAX_BODY >> 20} MiB bodies over ~5 s each; {WORKERS} workers "
-          f"in {LIMIT >> 20} MiB; --max-buffered-bytes {budget >> 20} MiB per worker (the default "
+        print("no memory cgroup: the 1 GiB limit is measured against, not enforced")
+    print(f"{case}: {CONNECTIONS} connections x {MAX_BODY >> 20} MiB bodies; {WORKERS} workers in "
+          f"{LIMIT >> 20} MiB; --max-buffered-bytes {budget >> 20} MiB per worker (the default "
           "under that limit); target: no restart, workers < 1 GiB")  # fmt: skip
     outcomes: collections.Counter = collections.Counter()
     try:
@@ -201,14 +247,14 @@ def main() -> None:
             sampler.start()
             start = threading.Barrier(CONNECTIONS)
             senders = [
-                threading.Thread(target=send_slowly, args=(server, body, start, outcomes))
+                threading.Thread(target=sender, args=(server, body, start, outcomes))
                 for _ in range(CONNECTIONS)
             ]
             began = time.monotonic()
-            for sender in senders:
-                sender.start()
-            for sender in senders:
-                sender.join(120)
+            for thread in senders:
+                thread.start()
+            for thread in senders:
+                thread.join(120)
             took = time.monotonic() - began
             stop.set()
             sampler.join(5)
@@ -219,11 +265,11 @@ def main() -> None:
         oom = cgroup.oom_kills() if cgroup.path is not None else 0
         cgroup.remove()
     per_worker = ", ".join(f"{size / (1 << 20):.0f} MiB" for size in peaks.values())
-    print(f"peak RSS per worker: {per_worker}; all workers together: {total_peak / (1 << 20):.0f} MiB"
+    print(f"  peak RSS per worker: {per_worker}; all workers together: {total_peak / (1 << 20):.0f} MiB"
           + (f"; the cgroup's peak: {cgroup_peak / (1 << 20):.0f} MiB" if cgroup_peak else ""))  # fmt: skip
-    print(f"answers in {took:.0f} s: " + ", ".join(f"{k}: {v}" for k, v in sorted(outcomes.items())))
+    print(f"  answers in {took:.0f} s: " + ", ".join(f"{k}: {v}" for k, v in sorted(outcomes.items())))
     print(
-        f"worker restarts: {'yes' if restarted else 'none'}; OOM kills: {oom}; "
+        f"  worker restarts: {'yes' if restarted else 'none'}; OOM kills: {oom}; "
         f"log: {log.count('Traceback')} tracebacks, {log.count('answered 503')} lines about 503s"
     )
 

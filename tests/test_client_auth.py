@@ -23,6 +23,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from tests.live_server import live_server
 from webhook.config import ClientAuth, ConfigError, config_from_dict
 from webhook.serve.app import create_app
+from webhook.serve.worker import certificate_name
 from webhook.serve.wsgi import CLIENT_VERIFIED
 from webhook.state.snapshot import load_snapshot
 from webhook.state.source import FixedState
@@ -48,15 +49,16 @@ BINDING = json.dumps(
 ).encode()
 
 
-def _name(common_name: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+def _name(*common_names: str) -> x509.Name:
+    """A subject with one CN attribute per name, in order (each its own RDN)."""
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name) for name in common_names])
 
 
-def _certificate(subject: str, issuer: x509.Name, key, signer, *, ca: bool, client: bool = False):
+def _certificate(subject: x509.Name, issuer: x509.Name, key, signer, *, ca: bool, client: bool = False):
     now = dt.datetime.now(dt.UTC)
     builder = (
         x509.CertificateBuilder()
-        .subject_name(_name(subject))
+        .subject_name(subject)
         .issuer_name(issuer)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
@@ -77,16 +79,16 @@ class ClientCA:
     def __init__(self, directory: Path, name: str) -> None:
         self.directory = directory
         self.key = ec.generate_private_key(ec.SECP256R1())
-        self.cert = _certificate(name, _name(name), self.key, self.key, ca=True)
+        self.cert = _certificate(_name(name), _name(name), self.key, self.key, ca=True)
         directory.mkdir(parents=True, exist_ok=True)
         self.path = directory / f"{name}.crt"
         self.path.write_bytes(self.cert.public_bytes(serialization.Encoding.PEM))
 
-    def client(self, common_name: str) -> tuple[Path, Path]:
-        """A client certificate and key for ``common_name``, as PEM files."""
+    def client(self, *common_names: str) -> tuple[Path, Path]:
+        """A client certificate and key whose subject has these common names, as PEM files."""
         key = ec.generate_private_key(ec.SECP256R1())
-        cert = _certificate(common_name, self.cert.subject, key, self.key, ca=False, client=True)
-        cert_path = self.directory / f"{common_name}-{id(key)}.crt"
+        cert = _certificate(_name(*common_names), self.cert.subject, key, self.key, ca=False, client=True)
+        cert_path = self.directory / f"{'+'.join(common_names)}-{id(key)}.crt"
         key_path = cert_path.with_suffix(".key")
         cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
         key_path.write_bytes(
@@ -159,6 +161,26 @@ def test_a_certificate_from_another_ca_is_refused(server, cas):
 def test_a_certificate_with_a_common_name_not_allowed_gets_403(server, cas):
     status, _ = _call(server, "POST", "/validate", cas[0].client("system:anonymous"))
     assert status == 403
+
+
+@pytest.mark.parametrize(
+    ("common_names", "status"),
+    [(("kube-apiserver", "attacker"), 403), (("attacker", "kube-apiserver"), 200)],
+    ids=["allowed-name-first", "allowed-name-last"],
+)
+def test_only_the_last_common_name_of_a_certificate_is_its_name(server, cas, common_names, status):
+    """Kubernetes' x509 authenticator reads the user from ``Subject.CommonName``, which Go fills
+    from each CN attribute in turn: the last one is the name, and an allowed name before it is
+    not the caller's."""
+    assert _call(server, "POST", "/validate", cas[0].client(*common_names))[0] == status
+
+
+def test_a_certificate_is_named_by_the_last_common_name_of_its_subject():
+    subject = ((("organizationName", "o"),), (("commonName", "kube-apiserver"), ("commonName", "attacker")))
+    assert certificate_name({"subject": subject}) == "attacker"
+    assert certificate_name({"subject": ((("organizationName", "o"),),)}) is None
+    assert not ClientAuth("ca.crt", ("kube-apiserver",)).allows(None)
+    assert ClientAuth("ca.crt").allows(None)  # no names configured: any certificate the CA signed
 
 
 @pytest.mark.parametrize("path", ["/healthz", "/readyz", "/metrics"])

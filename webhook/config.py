@@ -80,14 +80,16 @@ def _default_settings() -> tuple[Any, ...]:
 @dataclass(frozen=True, slots=True)
 class ClientAuth:
     """Who may call the admission paths: clients whose certificate ``ca`` signed, and (when
-    ``common_names`` is not empty) whose subject common name is one of them."""
+    ``common_names`` is not empty) whose name is one of them. A certificate's name is the last
+    common name of its subject: Kubernetes' x509 authenticator reads ``Subject.CommonName``,
+    which Go fills from each CN attribute in turn, so the last one wins."""
 
     ca: str
     common_names: tuple[str, ...] = ()
 
-    def allows(self, names: tuple[str, ...]) -> bool:
-        """Whether a verified certificate with these subject common names may call."""
-        return not self.common_names or any(name in self.common_names for name in names)
+    def allows(self, name: str | None) -> bool:
+        """Whether a verified certificate named ``name`` (None: no common name) may call."""
+        return not self.common_names or name in self.common_names
 
 
 @dataclass(frozen=True, slots=True)

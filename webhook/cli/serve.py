@@ -64,8 +64,10 @@ if TYPE_CHECKING:
 @click.option(
     "--max-buffered-bytes",
     type=click.IntRange(64 * 1024),
-    help="Request bytes a worker buffers at once, past which requests get 503 with Retry-After "
-    "(default: a quarter of the container's memory limit split across the workers, else 128 MiB).",
+    help="What requests may cost a worker at once (bytes still arriving; whole requests at "
+    f"{limits.PARSED_COST} times their size, for their parsed copies, until answered), past which "
+    "requests get 503 with Retry-After (default: a quarter of the container's memory limit split "
+    "across the workers, else 128 MiB).",
 )
 @click.option(
     "--client-ca",
@@ -77,8 +79,8 @@ if TYPE_CHECKING:
     "--client-cn",
     "client_cns",
     multiple=True,
-    help="Allowed common name of a client certificate (repeatable; default: any the CA signed). "
-    "Overrides clientAuth.commonNames.",
+    help="Allowed common name of a client certificate: the subject's last CN, as Kubernetes reads "
+    "it (repeatable; default: any the CA signed). Overrides clientAuth.commonNames.",
 )
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info")
 @click.option(

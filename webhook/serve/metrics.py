@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
+from functools import cache
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -333,6 +334,28 @@ class _DegradedFiles:
             "filesystem): its samples in them stopped updating.",
             value=metric_files.degraded_files(),
         )
+
+
+REFUSED_METRIC = "admit_guard_requests_refused"
+BUFFER_BUDGET = "buffer-budget"  # the one reason so far: 503 past --max-buffered-bytes
+
+
+@cache
+def _refused() -> Counter:
+    # Made on first use, in the worker's event loop, outside any app's registry (the loop has
+    # no app): under gunicorn a scrape of any worker reads it from the multi-process files.
+    return Counter(
+        REFUSED_METRIC,
+        "Requests the server answered 503 before a thread saw them, by reason: buffer-budget (the "
+        "worker held --max-buffered-bytes of requests, parsed copies counted).",
+        ["reason"],
+        registry=None,
+    )
+
+
+def count_refused(reason: str) -> None:
+    """One request refused by the event loop; ``reason`` comes from a closed set."""
+    _refused().labels(reason).inc()
 
 
 def worker_exited(pid: int) -> None:

@@ -18,8 +18,10 @@ What the loop holds is bounded per worker. A new connection is not even wrapped 
 its first byte arrives, and one that sends nothing for ``--first-byte-timeout`` is closed; at
 ``--worker-connections`` the oldest connection that sent nothing (else one stalled past the
 first-byte timeout, else the oldest idle keep-alive one) is closed to let a new client in, so
-idle sockets cannot lock anyone out. The bytes of requests buffered in the loop or waiting for
-a thread count against ``--max-buffered-bytes``: past it a request is answered 503 with
+idle sockets cannot lock anyone out. Requests count against ``--max-buffered-bytes`` from their
+first byte until their answer is out: once per byte while they arrive, and at what they cost
+parsed (``limits.PARSED_COST`` times their size) from their hand-over to a thread. A request that
+does not fit, by its declared size, its next read or once whole, is answered 503 with
 ``Retry-After``. No error of one connection (a reset before TLS, a failed handshake, an
 ``accept`` out of descriptors) ends the worker.
 """
@@ -52,8 +54,12 @@ from .limits import (
     LINGER_LIMIT,
     LINGER_SECONDS,
     MAX_BODY_BYTES,
+    MAX_HEAD,
+    PARSED_COST,
     REQUEST_TIMEOUT,
+    parsed_cost,
 )
+from .metrics import BUFFER_BUDGET, count_refused
 from .reply import WOULD_BLOCK, Reply, with_client_identity
 
 _READ_SIZE = 256 * 1024
@@ -104,7 +110,8 @@ class _Pending:
     started: float = 0.0  # monotonic: when this step (first byte, request, reply) began
     silent: bool = False  # accepted, and not a byte received yet: not wrapped in TLS either
     data: bytearray = field(default_factory=bytearray)
-    held: int = 0  # bytes of ``data`` counted against the worker's buffer budget
+    held: int = 0  # what ``data`` counts against the worker's buffer budget
+    sized: bool = False  # the size its head declares was checked against the budget
     continued: bool = False  # ``100 Continue`` sent
     events: int = 0  # what the poller watches for it (0: not registered)
     drain: int = -1  # answered already: bytes still to read and drop before closing
@@ -117,6 +124,7 @@ class GuardWorker(ThreadWorker):
 
     def init_process(self) -> None:
         self._init_loop()
+        self._warn_of_a_small_budget()
         self._fit_descriptor_limit()
         super().init_process()
 
@@ -126,7 +134,7 @@ class GuardWorker(ThreadWorker):
         self.silent: OrderedDict[TConn, _Pending] = OrderedDict()  # no byte yet; oldest first
         self.deadlines: list[tuple[float, int, _Pending]] = []  # a heap; stale entries skipped
         self._sequence = itertools.count()
-        self.buffered = 0  # request bytes held in the loop or waiting for a thread
+        self.buffered = 0  # what requests in the loop, or handed to a thread, count (``_submit``)
         self._accept_paused_until = 0.0
         self._refused, self._refusal_logged = 0, float("-inf")
         app = self.app
@@ -137,6 +145,18 @@ class GuardWorker(ThreadWorker):
         self.max_body = int(getattr(app, "max_body_bytes", MAX_BODY_BYTES))
         self.max_buffered = int(getattr(app, "max_buffered_bytes", DEFAULT_BUFFERED_BYTES))
         self.client_auth = getattr(app, "client_auth", None)
+
+    def _warn_of_a_small_budget(self) -> None:
+        """A budget below one largest request once parsed refuses every such request: say so."""
+        largest = parsed_cost(self.max_body + MAX_HEAD)
+        if self.max_buffered < largest:
+            self.log.warning(
+                "--max-buffered-bytes %d is less than one %d-byte request once parsed (%d): "
+                "requests that large will always get 503",
+                self.max_buffered,
+                self.max_body,
+                largest,
+            )
 
     def load_wsgi(self) -> None:
         super().load_wsgi()
@@ -166,9 +186,10 @@ class GuardWorker(ThreadWorker):
     def wait_for_and_dispatch_events(self, timeout: float) -> None:
         """gunicorn's, except that an error in one connection's callback closes that connection
         and the loop goes on: an exception escaping here ends the worker and every connection
-        it holds. Deadlines already passed (more than one turn expires) make the wait zero."""
-        if self.deadlines and self.deadlines[0][0] <= time.monotonic():
-            timeout = 0
+        it holds. The wait ends at the nearest deadline (zero when one passed already): gunicorn
+        waits a whole second, so a 0.5 s first-byte timeout closed connections after 1.0 s."""
+        if self.deadlines:
+            timeout = min(timeout, max(0.0, self.deadlines[0][0] - time.monotonic()))
         try:
             events = self.poller.select(timeout)
         except OSError as err:
@@ -427,6 +448,9 @@ class GuardWorker(ThreadWorker):
             verdict = pending.framing.progress(pending.data) if pending.data else INCOMPLETE
             reads = 0
             while verdict == INCOMPLETE:
+                if not self._declared_fits(pending):
+                    self._over_budget(pending)
+                    return
                 wants_continue = pending.framing.expects_continue and not pending.continued
                 if wants_continue and not self._continue(pending):
                     return
@@ -434,11 +458,13 @@ class GuardWorker(ThreadWorker):
                     self._watch(pending, selectors.EVENT_READ)
                     return
                 room = self.max_buffered - self.buffered
-                if room <= 0:
+                if room <= 0 and pending.data:
                     self._over_budget(pending)
                     return
                 reads += 1
-                chunk = conn.sock.recv(min(_READ_SIZE, room))
+                # With the budget spent, one byte tells a request (refused next turn of this
+                # loop) from a keep-alive client closing (no request: neither answered nor counted).
+                chunk = conn.sock.recv(min(_READ_SIZE, max(room, 1)))
                 if not chunk:
                     self._drop(pending)  # the client went away
                     return
@@ -472,16 +498,27 @@ class GuardWorker(ThreadWorker):
             certificate = tls.getpeercert()
         except (OSError, ValueError):
             return False
-        return bool(certificate) and self.client_auth.allows(_common_names(certificate))
+        return bool(certificate) and self.client_auth.allows(certificate_name(certificate))
+
+    def _largest_fitting(self, pending: _Pending) -> int:
+        """The largest request ``pending`` could be and still fit the budget once parsed, beside
+        what the worker holds besides it."""
+        return (self.max_buffered - (self.buffered - pending.held)) // PARSED_COST
+
+    def _declared_fits(self, pending: _Pending) -> bool:
+        """Whether the request, at the size its head declares, could be parsed within the budget
+        beside what the worker holds now: else 503 before its body is sent (and before ``100
+        Continue``). Checked once, and nothing is reserved: a client that declares a large body
+        and sends nothing holds only its head. While the body arrives, requests finishing make
+        room: the check that holds is the one when it is whole (``_submit``)."""
+        if pending.sized or pending.framing.end < 0:
+            return True
+        pending.sized = True
+        return pending.framing.end <= self._largest_fitting(pending)
 
     def _continue(self, pending: _Pending) -> bool:
-        """``Expect: 100-continue``: the interim answer, or 503 at once when the declared body
-        cannot fit the buffer budget. False when the connection was answered."""
+        """``Expect: 100-continue``: the interim answer (the declared size was checked already)."""
         pending.continued = True
-        declared = pending.framing.length or 0
-        if declared > self.max_buffered - self.buffered:
-            self._over_budget(pending)
-            return False
         # Sent only while the request is incomplete: the first write on the connection, so the
         # socket buffer is empty and takes it; a would-block leaves the client to its own timer.
         with contextlib.suppress(*WOULD_BLOCK):
@@ -489,8 +526,10 @@ class GuardWorker(ThreadWorker):
         return True
 
     def _over_budget(self, pending: _Pending) -> None:
-        """503: the worker holds ``max_buffered`` bytes of requests. Logged at most every
-        ``_REFUSAL_LOG_SECONDS``, with the count: a flood must not become a flood of log lines."""
+        """503: the worker holds ``max_buffered`` bytes' worth of requests. Counted in
+        ``admit_guard_requests_refused_total``; logged at most every ``_REFUSAL_LOG_SECONDS``, with
+        the count: a flood must not become a flood of log lines."""
+        count_refused(BUFFER_BUDGET)
         self._refused += 1
         now = time.monotonic()
         if now >= self._refusal_logged + _REFUSAL_LOG_SECONDS:
@@ -538,6 +577,9 @@ class GuardWorker(ThreadWorker):
         pending.events = events
 
     def _forget(self, pending: _Pending) -> None:
+        """The loop is done with this step. Its buffer goes now: the deadline heap still holds
+        the step until its deadline, and with it a whole body nobody counts any more."""
+        pending.data = bytearray()
         if self.pending_requests.get(pending.conn) is pending:
             del self.pending_requests[pending.conn]
         if self.silent.get(pending.conn) is pending:
@@ -548,14 +590,21 @@ class GuardWorker(ThreadWorker):
             pending.events = 0
 
     def _submit(self, pending: _Pending) -> None:
-        """Hand the whole request, already buffered, to a pool thread. Its bytes stay counted
-        until the thread is done with it (``finish_request``)."""
+        """Hand the whole request, already buffered, to a pool thread, counted at what it costs
+        parsed (``parsed_cost``) until the thread is done with it (``finish_request``): the copies
+        a thread makes are where a worker's memory grew. 503 when that does not fit the budget."""
+        size = len(pending.data)
+        if size > self._largest_fitting(pending):
+            self._over_budget(pending)
+            return
+        self._hold(pending, parsed_cost(size) - pending.held)
+        data = pending.data
         self._forget(pending)
         conn = pending.conn
         if conn.parser is None:
             conn.parser = http.get_parser(self.cfg, conn.sock, conn.client)
             conn.initialized = True
-        conn.parser.unreader.unread(bytes(pending.data))
+        conn.parser.unreader.unread(data)  # copied into the unreader's buffer; ``data`` goes
         conn.held, pending.held = pending.held, 0
         conn.data_ready = True
         super().enqueue_req(conn)
@@ -605,6 +654,10 @@ class GuardWorker(ThreadWorker):
         pending.conn.close()
 
 
-def _common_names(certificate: dict) -> tuple[str, ...]:
-    """The subject's common names, from ``SSLSocket.getpeercert()``."""
-    return tuple(value for rdn in certificate.get("subject", ()) for key, value in rdn if key == "commonName")
+def certificate_name(certificate: dict) -> str | None:
+    """The name Kubernetes reads from a client certificate (``SSLSocket.getpeercert()``): the
+    subject's last common name. Go's ``pkix.Name`` sets ``CommonName`` from every CN attribute in
+    order, so with two (``CN=kube-apiserver, CN=attacker``) the API server sees the last; an
+    allowed name earlier in the subject must not let the certificate in."""
+    names = [value for rdn in certificate.get("subject", ()) for key, value in rdn if key == "commonName"]
+    return names[-1] if names else None
