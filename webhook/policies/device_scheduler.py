@@ -405,12 +405,13 @@ def _pinned(
     schedulers = sorted({s for c in conflicts for s in c.others(BYPASS)})
     fix = schedulers[0] if len(schedulers) == 1 else " or ".join(schedulers)
     listing = "; ".join(_race(c, BYPASS, state) for c in conflicts)
+    field = _scheduler_field(review)
     return [
         Finding(
             REASON,
             f"{review.description} sets spec.nodeName={node_name!r} and asks for devices, bypassing "
             f"every scheduler, on a node where {listing}. The owner does not know these devices are "
-            f"taken and will hand them out again. Drop spec.nodeName and set spec.schedulerName: {fix}.",
+            f"taken and will hand them out again. Drop spec.nodeName and set {field}: {fix}.",
             node=node_name,
         )
     ]
@@ -531,7 +532,7 @@ def _wrong_pool(
                 REASON,
                 f"{review.description} uses schedulerName {scheduler!r} and can land on nodes of "
                 f"{len(owners)} owners of its devices: {pools}{mine}. Select one pool with a "
-                "nodeSelector or required node affinity, and use its owner as spec.schedulerName.",
+                f"nodeSelector or required node affinity, and use its owner as {_scheduler_field(review)}.",
             )
         ]
     [(owner, nodes)] = elsewhere.items()
@@ -555,9 +556,18 @@ def _wrong_scheduler(review: Review, scheduler: str, owner: str, why: str) -> Fi
     message = (
         f"{review.description} uses schedulerName {scheduler!r}, but {why}. Two schedulers handing "
         f"out the same devices make the kubelet fail pods with UnexpectedAdmissionError. Set "
-        f"spec.schedulerName: {owner}."
+        f"{_scheduler_field(review)}: {owner}."
     )
     return Finding(REASON, message, fix=_scheduler_fix(review, scheduler, owner))
+
+
+def _scheduler_field(review: Review) -> str:
+    """Where the pods' schedulerName is set. An operator's kind has none of its own in ``spec``
+    (a RayCluster's lives in each template), so its message names the template's field; a Pod
+    or a built-in controller keeps the short ``spec.schedulerName`` people know."""
+    if not review.template:
+        return "spec.schedulerName"
+    return f"{review.template}.spec.schedulerName"
 
 
 def _scheduler_fix(review: Review, scheduler: str, owner: str):
@@ -583,7 +593,7 @@ def _everywhere_mixed(
     candidates = sorted({o[0] for o in alone if len(o) == 1})
     owner = candidates[0] if len(candidates) == 1 else None
     then = (
-        f"Set spec.schedulerName: {owner}, or keep it off those nodes."
+        f"Set {_scheduler_field(review)}: {owner}, or keep it off those nodes."
         if owner
         else "Keep it to nodes of its own scheduler (nodeSelector), or give the devices an owner per pool "
         "(policies.deviceScheduler.owners)."
@@ -620,7 +630,7 @@ def _by_selectors(
                 REASON,
                 f"{review.description} uses schedulerName {scheduler!r} and its nodeSelector reaches "
                 f"pools of {len(reached)} owners of its devices: {pools}. Select one pool with a "
-                "nodeSelector, and use its owner as spec.schedulerName.",
+                f"nodeSelector, and use its owner as {_scheduler_field(review)}.",
             )
         ]
     [(owner, rules)] = reached.items()
