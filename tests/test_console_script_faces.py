@@ -480,3 +480,15 @@ def test_a_pinned_template_of_an_operators_kind_names_its_nodename_field_as_peop
         stdin=NEW_WORKLOADS["JobTemplate"],
     )
     assert "sets spec.tasks[0].template.spec.nodeName to 'gpu-1'" in result_.stdout, result_.stdout
+
+
+def test_the_warn_mode_rollout_config_warns_for_every_policy(tmp_path):
+    """deploy/base/config.yaml is "roll out in warn mode": a storm is a warning, not a denial."""
+    from webhook.config import load_config
+    from webhook.policies.registry import POLICIES
+
+    shipped = load_config(str(ROOT / "deploy" / "base" / "config.yaml"))
+    assert {p.NAME: shipped.policy(p.NAME).mode for p in POLICIES} == {p.NAME: "warn" for p in POLICIES}
+    config = str(ROOT / "deploy" / "base" / "config.yaml")
+    storm = cli("check", "-f", "-", "--cluster", storm_snapshot(tmp_path), "--config", config, stdin=NEXT_POD)
+    assert storm.returncode == 0 and "AdmissionStorm" in storm.stdout, storm.stdout + storm.stderr
