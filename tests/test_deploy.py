@@ -117,9 +117,9 @@ def test_rbac_is_read_only_cluster_wide_and_leases_only_in_the_guards_namespace(
     ]
     [leases] = objects(docs, "Role")
     assert leases["metadata"]["namespace"] == "admit-guard"
-    assert leases["rules"] == [
-        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}
-    ]
+    # LeaseStore: GET one (get), GET all to collect (list), POST (create), PUT (update), DELETE.
+    verbs = ["get", "list", "create", "update", "delete"]
+    assert leases["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": verbs}]
     [binding] = objects(docs, "RoleBinding")
     assert binding["roleRef"]["name"] == leases["metadata"]["name"]
     assert binding["subjects"] == [
