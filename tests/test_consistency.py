@@ -20,16 +20,21 @@ from unittest import mock
 import jsonpatch
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from tests.dra_builders import claim, gpus, resource_slice, result
 from webhook import policytest
 from webhook.allocation import AllocationGuard
+from webhook.audit import run_audit
 from webhook.binding import BindGuard
-from webhook.config import Config
+from webhook.config import Config, config_from_dict
 from webhook.coordination.allocations import pool_table
 from webhook.coordination.reservations import node_table
 from webhook.dryrun import check_documents
 from webhook.explain import explain
 from webhook.serve.app import create_app
+from webhook.state.inventory import read_inventory
 from webhook.state.snapshot import load_snapshot
 from webhook.state.source import FixedState
 
@@ -185,3 +190,143 @@ def test_the_faces_agree_on_the_policy_suites_clusters(tmp_path, path, index):
     case = policytest.load_test_file(path).cases[index]
     state_of = lambda: policytest.load_test_file(path).state  # noqa: E731
     agree(case.obj, state_of, case.config, tmp_path, case.now)
+
+
+# -- generated: GPU pools per scheduler, DRA slices and claims ---------------------------------
+
+POOLS = {
+    "policies": {
+        "deviceScheduler": {
+            "owners": [
+                {
+                    "resource": "nvidia.com/gpu",
+                    "scheduler": "volcano",
+                    "nodeSelector": {"matchLabels": {"pool": "batch"}},
+                }
+            ]
+        }
+    }
+}
+SCHEDULERS = ("default-scheduler", "volcano")
+
+
+def gpu_node(name: str, pool: str, gpus_: int, pods: int) -> dict:
+    allocatable = {"cpu": "8", "memory": "64Gi", "pods": str(pods), "nvidia.com/gpu": str(gpus_)}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": {"pool": pool}},
+        "status": {"allocatable": allocatable},
+    }
+
+
+def gpu_pod(name: str, node: str | None, scheduler: str, gpus_: int, phase: str = "Running") -> dict:
+    spec = {
+        "schedulerName": scheduler,
+        "containers": [{"name": "c", "image": "c", "resources": {"limits": {"nvidia.com/gpu": str(gpus_)}}}],
+    }
+    if node:
+        spec["nodeName"] = node
+    metadata = {"name": name, "namespace": "ml", "uid": f"uid-{name}"}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec, "status": {"phase": phase}}
+
+
+@st.composite
+def clusters(draw) -> list[dict]:
+    """Three GPU nodes in two pools, some device pods on them, a DRA slice on one node."""
+    objects = []
+    for i in range(3):
+        name = f"gpu-{i}"
+        objects.append(
+            gpu_node(
+                name,
+                draw(st.sampled_from(("batch", "serve"))),
+                draw(st.integers(0, 2)),
+                draw(st.integers(0, 3)),
+            )
+        )
+        for j in range(draw(st.integers(0, 2))):
+            objects.append(gpu_pod(f"p-{i}-{j}", name, draw(st.sampled_from(SCHEDULERS)), 1))
+    objects.append(resource_slice("gpu-0-dra", pool="gpu-0", node_name="gpu-0", devices=gpus("d-0")))
+    if draw(st.booleans()):
+        objects.append(claim("held", namespace="ml", results=[result("d-0", pool="gpu-0")], node="gpu-0"))
+    return objects
+
+
+@st.composite
+def workloads(draw) -> dict:
+    """A GPU pod or Deployment, pinned or not, of either scheduler, maybe with a DRA claim."""
+    pod = gpu_pod(
+        "w",
+        draw(st.sampled_from((None, "gpu-0", "gpu-1", "gpu-2"))),
+        draw(st.sampled_from(SCHEDULERS)),
+        draw(st.integers(1, 2)),
+        "Pending",
+    )
+    if draw(st.booleans()):
+        pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": "held"}]
+    if draw(st.booleans()):
+        return pod
+    template = {"metadata": {"labels": {"app": "w"}}, "spec": pod["spec"]}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "w", "namespace": "ml"},
+        "spec": {"selector": {"matchLabels": {"app": "w"}}, "template": template},
+    }
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cluster=clusters(), obj=workloads(), pools=st.booleans())
+def test_the_faces_agree_on_generated_gpu_clusters(tmp_path_factory, cluster, obj, pools):
+    tmp = tmp_path_factory.mktemp("gen")
+    snapshot = tmp / "cluster.yaml"
+    snapshot.write_text(yaml.safe_dump_all(cluster))
+    config = config_from_dict(POOLS if pools else {})
+    agree(obj, lambda: load_snapshot([str(snapshot)]), config, tmp, time.time())
+
+
+# -- the audit sees what the server would deny for an existing object --------------------------
+
+
+def test_the_audit_reports_what_the_server_denies_for_existing_objects(tmp_path):
+    """A pinned Deployment already in the cluster, and a device two claims hold: the server denies
+    writing either; the audit of a snapshot holding them names both."""
+    node = gpu_node("gpu-0", "serve", 1, 110)
+    pinned = yaml.safe_load((EXAMPLES / "workloads" / "incident-1-pinned-deployment.yaml").read_text())
+    pinned["spec"]["template"]["spec"]["nodeName"] = "gpu-0"
+    pinned["metadata"]["namespace"] = "ml"
+    dra = resource_slice("gpu-0-dra", pool="gpu-0", node_name="gpu-0", devices=gpus("d-0"))
+    holders = [
+        claim(n, namespace="ml", results=[result("d-0", pool="gpu-0")], node="gpu-0") for n in ("a", "b")
+    ]
+    snapshot = tmp_path / "cluster.yaml"
+    snapshot.write_text(yaml.safe_dump_all([node, dra, holders[0]]))
+    allowed, reasons = server_verdict(
+        pinned, lambda: load_snapshot([str(snapshot)]), Config(), tmp_path, time.time()
+    )
+    assert not allowed and reasons == ["PinnedNodeName"]
+    snapshot.write_text(yaml.safe_dump_all([node, dra, holders[0], holders[1], pinned]))
+    report = run_audit(read_inventory([str(snapshot)]), Config(), time.time())
+    assert {"PinnedNodeName", "DeviceAlreadyAllocated"} <= {f.type for f in report.findings}
+
+
+def test_what_a_face_cannot_judge_it_says_never_passes(tmp_path):
+    """A custom resource outside the workload table is SKIP in check; the audit without claims
+    says device findings were not judged; check without a cluster warns NoClusterState."""
+    unknown = {
+        "apiVersion": "example.com/v1",
+        "kind": "Trainer",
+        "metadata": {"name": "t", "namespace": "ml"},
+    }
+    assert check_result(unknown, None, Config(), tmp_path, time.time()).skipped
+    snapshot = tmp_path / "nodes.yaml"
+    snapshot.write_text(
+        yaml.safe_dump_all([gpu_node("gpu-0", "serve", 1, 110), resource_slice(devices=gpus("d-0"))])
+    )
+    report = run_audit(read_inventory([str(snapshot)]), Config(), time.time())
+    assert "DeviceAlreadyAllocated" in report.not_judged
+    stateless = check_result(
+        gpu_pod("s", "gpu-0", "default-scheduler", 1), None, Config(), tmp_path, time.time()
+    )
+    assert any("NoClusterState" in w for w in stateless.decision.notices)
