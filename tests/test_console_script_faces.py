@@ -492,3 +492,12 @@ def test_the_warn_mode_rollout_config_warns_for_every_policy(tmp_path):
     config = str(ROOT / "deploy" / "base" / "config.yaml")
     storm = cli("check", "-f", "-", "--cluster", storm_snapshot(tmp_path), "--config", config, stdin=NEXT_POD)
     assert storm.returncode == 0 and "AdmissionStorm" in storm.stdout, storm.stdout + storm.stderr
+
+
+def test_a_pinned_pod_of_the_owning_scheduler_is_told_to_drop_the_pin_not_to_set_its_own_scheduler(tmp_path):
+    config = write(tmp_path, "guard.yaml", POOLS)
+    pinned = GPU_WEB.replace("nodeName: serve-full", "nodeName: batch-1\n      schedulerName: volcano")
+    result_ = cli("check", "-f", "-", "--cluster", pools_snapshot(tmp_path), "--config", config, stdin=pinned)
+    assert "bypassing every scheduler" in result_.stdout, result_.stdout
+    assert "set spec.schedulerName: volcano" not in result_.stdout
+    assert "Drop spec.template.spec.nodeName: volcano, its scheduler, places it" in result_.stdout

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from ..checks.scheduler import placeable, tolerations_of
 from ..globs import globs_overlap, matches_any
 from ..kube.selectors import LABEL_OPERATORS, LabelSelector
+from ..kube.workloads import display_path
 from ..state.model import DEFAULT_SCHEDULER
 from . import ALL_MODES, POD_FIELDS, Context, Finding, Review, read_mode
 
@@ -405,13 +406,12 @@ def _pinned(
     schedulers = sorted({s for c in conflicts for s in c.others(BYPASS)})
     fix = schedulers[0] if len(schedulers) == 1 else " or ".join(schedulers)
     listing = "; ".join(_race(c, BYPASS, state) for c in conflicts)
-    field = _scheduler_field(review)
     return [
         Finding(
             REASON,
             f"{review.description} sets spec.nodeName={node_name!r} and asks for devices, bypassing "
             f"every scheduler, on a node where {listing}. The owner does not know these devices are "
-            f"taken and will hand them out again. Drop spec.nodeName and set {field}: {fix}.",
+            f"taken and will hand them out again. {_unpin(review, schedulers, fix)}",
             node=node_name,
         )
     ]
@@ -559,6 +559,14 @@ def _wrong_scheduler(review: Review, scheduler: str, owner: str, why: str) -> Fi
         f"{_scheduler_field(review)}: {owner}."
     )
     return Finding(REASON, message, fix=_scheduler_fix(review, scheduler, owner))
+
+
+def _unpin(review: Review, owners: list[str], fix: str) -> str:
+    """What to change: the pin always; the scheduler only when it is not already the owner."""
+    pin = f"{display_path(review.shape.path)}.spec.nodeName" if review.shape.path else "spec.nodeName"
+    if review.scheduler in owners:
+        return f"Drop {pin}: {review.scheduler}, its scheduler, places it."
+    return f"Drop {pin} and set {_scheduler_field(review)}: {fix}."
 
 
 def _scheduler_field(review: Review) -> str:
