@@ -142,13 +142,19 @@ def suggestions_fit(obj: dict, judged, state, config: Config) -> None:
     if not explained:
         return
     fitting = {n.node for e in explained for n in e.nodes if n.fits and not n.scheduler}
-    denied_on = {v.node for v in judged.decision.violations if v.node and v.reason != "PinnedNodeName"}
+    denied_on = {v.node for v in judged.decision.violations if v.node and not _caused_by_the_pin(v)}
     assert not denied_on & fitting, (denied_on, fitting)
     for violation in judged.decision.violations:
         for names in FITS.findall(violation.message):
             suggested = {n.strip() for n in names.split(",")}
             assert suggested <= fitting, (violation.message, fitting)
             assert not suggested & denied_on
+
+
+def _caused_by_the_pin(violation) -> bool:
+    """Denied for pinning itself (PinnedNodeName, or bypassing the devices' owner): the node
+    would take the pod from its scheduler, so explain may say it fits."""
+    return violation.reason == "PinnedNodeName" or "bypassing every scheduler" in violation.message
 
 
 def _unpinned(obj: dict) -> dict:
