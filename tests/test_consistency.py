@@ -138,7 +138,7 @@ def suggestions_fit(obj: dict, judged, state, config: Config) -> None:
     suggests; every suggested node is one explain says it fits."""
     if state is None:
         return
-    explained = explain(_unpinned(obj), state, config)
+    explained = explain(obj, state, config)  # explain sets the pod's own pin aside
     if not explained:
         return
     fitting = {n.node for e in explained for n in e.nodes if n.fits and not n.scheduler}
@@ -155,11 +155,6 @@ def _caused_by_the_pin(violation) -> bool:
     """Denied for pinning itself (PinnedNodeName, or bypassing the devices' owner): the node
     would take the pod from its scheduler, so explain may say it fits."""
     return violation.reason == "PinnedNodeName" or "bypassing every scheduler" in violation.message
-
-
-def _unpinned(obj: dict) -> dict:
-    """explain asks where the pod could go: its own pin does not count."""
-    return copy.deepcopy(obj)
 
 
 # -- the bundled example cluster and the workloads ---------------------------------------------
