@@ -12,10 +12,12 @@ EXAMPLE ?= examples/admission/incident-1-pinned-deployment.json
 OVERLAY ?= self-signed
 SELF_SIGNED := deploy/overlays/self-signed
 
+# Its output goes to stderr, so that a target that prints (deploy-render) prints only that.
 $(STAMP): pyproject.toml
-	python3 -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
-	touch $(STAMP)
+	@echo "installing admit-guard into $(VENV)" >&2
+	@python3 -m venv $(VENV) >&2
+	@$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]' >&2
+	@touch $(STAMP)
 
 # The webhook over HTTPS against the bundled example cluster, with dev certificates.
 run: $(STAMP) certs/tls.crt
@@ -96,11 +98,11 @@ monitoring-test: $(STAMP) promtool
 deploy-certs: $(SELF_SIGNED)/certs/tls.crt
 
 $(SELF_SIGNED)/certs/tls.crt: | $(STAMP)
-	$(BIN)/admit-guard certs --service admit-guard --namespace admit-guard --out $(SELF_SIGNED)/certs
+	@$(BIN)/admit-guard certs --service admit-guard --namespace admit-guard --out $(SELF_SIGNED)/certs >&2
 
-# Print the manifests of one overlay: make deploy-render OVERLAY=cert-manager
+# Print the manifests of one overlay, and nothing else: make deploy-render OVERLAY=cert-manager > out.yaml
 deploy-render: $(SELF_SIGNED)/certs/tls.crt
-	kubectl kustomize deploy/overlays/$(OVERLAY)
+	@kubectl kustomize deploy/overlays/$(OVERLAY)
 
 deploy-vap: $(STAMP)
 	$(BIN)/admit-guard vap --config deploy/base/config.yaml > deploy/overlays/static-policies/policies.yaml

@@ -793,7 +793,7 @@ def test_a_live_audit_lists_the_custom_resources_the_cluster_serves_and_skips_th
         2,
     )
     assert (
-        "Job ml/train (template spec.tasks[1].template) sets spec.tasks.1.template.spec.nodeName"
+        "Job ml/train (template spec.tasks[1].template) sets spec.tasks[1].template.spec.nodeName"
         in finding["message"]
     )
     assert "volcano-jobs list" in cluster.requests

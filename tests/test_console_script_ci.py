@@ -79,13 +79,17 @@ def test_a_kubectl_get_table_is_refused_with_the_output_flag_to_use(tmp_path):
 
 def test_the_audit_says_what_it_scanned_and_which_finding_types_it_could_not_judge():
     result = cli("audit", "--cluster", CLUSTER)
-    assert "scanned 7 nodes, 34 pods (0 rejected by the kubelet), 0 workloads; judged at " in result.stderr
+    assert "scanned 7 nodes, 35 pods (0 rejected by the kubelet), 0 workloads; judged at " in result.stderr
     assert "not judged: PinnedNodeName: no workloads were read" in result.stderr
     assert "not judged: AdmissionStorm: no Failed pods were read" in result.stderr
     summary = json.loads(cli("audit", "--cluster", CLUSTER, "-o", "json").stdout)["summary"]
+    assert set(summary["notJudged"]) == {"PinnedNodeName", "AdmissionStorm"}  # it has DRA claims
+    without_dra = [arg for name in ("nodes.yaml", "pods.yaml") for arg in ("--cluster", f"{CLUSTER}/{name}")]
+    summary = json.loads(cli("audit", *without_dra, "-o", "json").stdout)["summary"]
     devices = {"DeviceAlreadyAllocated", "DeviceCapacityExceeded", "DeviceCountersExceeded"}
     assert set(summary["notJudged"]) == {"PinnedNodeName", "AdmissionStorm", *devices}
-    assert f"not judged: {', '.join(sorted(devices))}: no ResourceClaims were read" in result.stderr
+    stderr = cli("audit", *without_dra).stderr
+    assert f"not judged: {', '.join(sorted(devices))}: no ResourceClaims were read" in stderr
 
 
 # -- 2. a check skipped for lack of state is a warning naming it ------------------------------

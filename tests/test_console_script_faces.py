@@ -4,13 +4,20 @@
 from __future__ import annotations
 
 import json
+import os
+import pty
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 from xml.etree import ElementTree as ET
 
 import pytest
 import yaml
 
 from tests.dra_builders import claim, gpus, resource_slice, result
-from tests.test_console_script import ROOT, cli, write
+from tests.test_console_script import ENV, GOOD, ROOT, SCRIPT, cli, write
 from tests.test_console_script_ci import NEXT_POD, NODE, STORM_POD
 
 # -- 3. operators' kinds get NoClusterState like built-in controllers --------------------------
@@ -370,3 +377,127 @@ def test_a_misspelt_config_field_suggests_the_right_spelling(tmp_path):
     assert "policies.stormbreaker: unknown field: did you mean stormBreaker?" in result_.stderr, (
         result_.stderr
     )
+
+
+def test_make_deploy_render_writes_only_yaml_on_stdout(tmp_path):
+    """``make deploy-render > out.yaml`` must be applyable: make's echo and the certificate
+    step's chatter go elsewhere. Run on a copy, so the repository's certs are left alone."""
+    shutil.copytree(ROOT / "deploy", tmp_path / "deploy", ignore=shutil.ignore_patterns("certs"))
+    shutil.copy(ROOT / "Makefile", tmp_path)
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    stamp = tmp_path / "installed"
+    stamp.touch()
+    venv = Path(sys.executable).parent.parent
+    rendered = subprocess.run(
+        [
+            "make",
+            "-C",
+            str(tmp_path),
+            "--no-print-directory",
+            f"VENV={venv}",
+            f"STAMP={stamp}",
+            "deploy-render",
+        ],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=120,
+        check=False,
+    )
+    assert rendered.returncode == 0, rendered.stderr
+    kinds = {d["kind"] for d in yaml.safe_load_all(rendered.stdout) if d}
+    assert {"Deployment", "ValidatingWebhookConfiguration"} <= kinds
+
+
+@pytest.mark.parametrize("option", ["--workers", "--threads", "--max-body-bytes", "--log-level"])
+def test_every_serve_option_says_what_it_does(option):
+    helptext = cli("serve", "--help").stdout
+    entry = re.search(rf"^  {option} .*?(?=^  -)", helptext, re.S | re.M).group()
+    words = re.sub(r"\[[^]]*\]|\{[^}]*\}|INTEGER RANGE|" + option, "", entry).split()
+    assert len(words) >= 3, entry
+
+
+def test_the_judged_at_line_fits_an_80_column_terminal():
+    lines = stderr_on_a_terminal("check", "-f", GOOD, "--cluster", str(ROOT / "examples" / "cluster"))
+    judged = [line for line in lines if line.startswith("judged at")]
+    assert judged and all(len(line) <= 80 for line in lines), lines
+
+
+def stderr_on_a_terminal(*args: str, columns: int = 80) -> list[str]:
+    """stderr of ``admit-guard ARGS`` written to a pseudo-terminal ``columns`` wide."""
+    leader, follower = pty.openpty()
+    env = {**ENV, "COLUMNS": str(columns)}
+    child = subprocess.Popen([str(SCRIPT), *args], stdout=subprocess.DEVNULL, stderr=follower, env=env)
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    child.wait(timeout=30)
+    os.close(leader)
+    return b"".join(chunks).decode().replace("\r\n", "\n").splitlines()
+
+
+def test_a_pod_that_fits_no_gpu_node_is_told_how_many_nodes_offer_gpus():
+    pinned = str(ROOT / "examples" / "workloads" / "pod-pinned-to-full-gpu-node.yaml")
+    result_ = cli("check", "-f", pinned, "--cluster", str(ROOT / "examples" / "cluster"))
+    assert "It fits on none of the 2 nodes with nvidia.com/gpu now." in result_.stdout, result_.stdout
+    assert "first 2 of 7" not in result_.stdout
+
+
+def test_a_raycluster_is_told_the_template_field_that_holds_its_scheduler_name(tmp_path):
+    config = write(
+        tmp_path, "guard.yaml", POOLS.split("      - {resource: nvidia.com/gpu, scheduler: default")[0]
+    )
+    result_ = cli("check", "-f", "-", "--config", config, stdin=OPERATOR_GPU_WORKLOADS["RayCluster"])
+    assert result_.returncode == 1, result_.stdout + result_.stderr
+    assert "Set spec.workerGroupSpecs[0].template.spec.schedulerName: volcano." in result_.stdout, (
+        result_.stdout
+    )
+    assert "Set spec.schedulerName" not in result_.stdout
+
+
+def test_concatenated_yaml_without_a_separator_is_told_of_the_missing_dashes(tmp_path):
+    joined = pod_of_another_owner() + pod_of_another_owner().replace("other", "second")
+    result_ = cli("check", "-f", write(tmp_path, "joined.yaml", joined))
+    assert result_.returncode == 2
+    assert "duplicate key 'apiVersion'" in result_.stderr
+    assert "a second object with no '---' line before it" in result_.stderr, result_.stderr
+
+
+def test_a_pinned_template_of_an_operators_kind_names_its_nodename_field_as_people_write_it(tmp_path):
+    result_ = cli(
+        "check",
+        "-f",
+        "-",
+        "--cluster",
+        write(tmp_path, "cluster.yaml", NODE),
+        stdin=NEW_WORKLOADS["JobTemplate"],
+    )
+    assert "sets spec.tasks[0].template.spec.nodeName to 'gpu-1'" in result_.stdout, result_.stdout
+
+
+def test_the_warn_mode_rollout_config_warns_for_every_policy(tmp_path):
+    """deploy/base/config.yaml is "roll out in warn mode": a storm is a warning, not a denial."""
+    from webhook.config import load_config
+    from webhook.policies.registry import POLICIES
+
+    shipped = load_config(str(ROOT / "deploy" / "base" / "config.yaml"))
+    assert {p.NAME: shipped.policy(p.NAME).mode for p in POLICIES} == {p.NAME: "warn" for p in POLICIES}
+    config = str(ROOT / "deploy" / "base" / "config.yaml")
+    storm = cli("check", "-f", "-", "--cluster", storm_snapshot(tmp_path), "--config", config, stdin=NEXT_POD)
+    assert storm.returncode == 0 and "AdmissionStorm" in storm.stdout, storm.stdout + storm.stderr
+
+
+def test_a_pinned_pod_of_the_owning_scheduler_is_told_to_drop_the_pin_not_to_set_its_own_scheduler(tmp_path):
+    config = write(tmp_path, "guard.yaml", POOLS)
+    pinned = GPU_WEB.replace("nodeName: serve-full", "nodeName: batch-1\n      schedulerName: volcano")
+    result_ = cli("check", "-f", "-", "--cluster", pools_snapshot(tmp_path), "--config", config, stdin=pinned)
+    assert "bypassing every scheduler" in result_.stdout, result_.stdout
+    assert "set spec.schedulerName: volcano" not in result_.stdout
+    assert "Drop spec.template.spec.nodeName: volcano, its scheduler, places it" in result_.stdout

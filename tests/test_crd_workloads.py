@@ -168,7 +168,7 @@ def test_a_kind_added_in_config_is_judged_like_a_built_in_one(state):
     decision = evaluate(TRAINER, "CREATE", state, cfg)
     messages = {v.reason: v.message for v in decision.violations}
     assert (
-        "Trainer ml/t (template spec.roles[1].template) sets spec.roles.1.template.spec.nodeName"
+        "Trainer ml/t (template spec.roles[1].template) sets spec.roles[1].template.spec.nodeName"
         in messages["PinnedNodeName"]
     )
     assert (

@@ -117,8 +117,10 @@ def test_rbac_is_read_only_cluster_wide_and_leases_only_in_the_guards_namespace(
     ]
     [leases] = objects(docs, "Role")
     assert leases["metadata"]["namespace"] == "admit-guard"
+    # LeaseStore: GET one (get), GET all to collect (list), POST (create), PUT (update), DELETE.
+    verbs = ["get", "list", "create", "update", "delete"]
     assert leases["rules"] == [
-        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": verbs}
     ]
     [binding] = objects(docs, "RoleBinding")
     assert binding["roleRef"]["name"] == leases["metadata"]["name"]

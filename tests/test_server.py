@@ -15,7 +15,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.live_server import metric_sum
+from webhook.allocation import AllocationGuard
+from webhook.binding import BindGuard
 from webhook.config import config_from_dict
+from webhook.coordination.allocations import pool_table
+from webhook.coordination.reservations import node_table
 from webhook.serve.app import DECISION_LOG, create_app
 from webhook.state.snapshot import load_snapshot
 from webhook.state.source import FixedState
@@ -51,8 +55,33 @@ def client():
 def test_admission_examples_match_the_workload_manifests():
     for review_file in sorted((EXAMPLES / "admission").glob("*.json")):
         review = json.loads(review_file.read_text())
+        if review["request"].get("subResource"):
+            continue  # a bind or a status write: its object is no workload manifest
         manifest = yaml.safe_load((EXAMPLES / "workloads" / f"{review_file.stem}.yaml").read_text())
         assert review["request"]["object"] == manifest, review_file.name
+
+
+# Reviews of a subresource, and what the server says of them on the example cluster.
+SUBRESOURCE_EXAMPLES = {
+    "binding-notebook-to-volcano-gpu-node": ["MixedDeviceScheduler"],
+    "resourceclaim-status-device-taken": ["DeviceAlreadyAllocated"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(SUBRESOURCE_EXAMPLES))
+def test_the_bind_and_claim_status_examples_get_their_verdict_from_the_server_as_served(tmp_path, name):
+    """The examples a ``make run`` user posts: the server built as ``serve`` builds it (a bind
+    guard and an allocation guard) on the bundled cluster."""
+    config = config_from_dict({})
+    app = create_app(
+        config,
+        FixedState(CLUSTER),
+        bind_guard=BindGuard(config, node_table(tmp_path / "binds")),
+        allocation_guard=AllocationGuard(config, pool_table(tmp_path / "allocations")),
+    )
+    response = post(app.test_client(), "validate", example(name))
+    assert response["allowed"] is False, response
+    assert response["status"]["reason"].split(",") == SUBRESOURCE_EXAMPLES[name], response["status"]
 
 
 def test_validate_denies_a_pinned_deployment_with_403_and_the_full_message(client):

@@ -80,7 +80,7 @@ def test_a_template_that_is_not_a_mapping_is_a_field_error_naming_it():
     obj = {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "spec": {"tasks": [{"template": "x"}]}}
     with pytest.raises(FieldError) as err:
         template_shapes(obj, workload_kind(obj, WORKLOADS))
-    assert "spec.tasks.0.template" in str(err.value)
+    assert "spec.tasks[0].template" in str(err.value)
 
 
 @pytest.mark.parametrize("bad", ["", "spec..template", "spec.tasks[0].template", "spec.ta sks", "spec.[*]"])

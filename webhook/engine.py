@@ -15,7 +15,7 @@ import jsonpatch
 from .checks import PodUnderReview
 from .config import Config
 from .kube.errors import FieldError, mapping_at
-from .kube.workloads import TemplateShape
+from .kube.workloads import TemplateShape, display_path
 from .policies import ANY_OBJECT, POD_FIELDS, Context, Finding, Mode, Review
 from .policies.registry import POLICIES
 from .state import ClusterState
@@ -217,7 +217,7 @@ def _review(
     try:
         pod = PodUnderReview.from_shape(shape)
     except FieldError as err:
-        prefix = shape.path.lstrip("/").replace("/", ".")
+        prefix = display_path(shape.path)
         unreadable = FieldError(f"{prefix}.{err.field}", err.message) if prefix else err
         return Review(obj, shape, None, operation, old_shape, unreadable, old_object, user, **extra)
     return Review(obj, shape, pod, operation, old_shape, None, old_object, user, **extra)

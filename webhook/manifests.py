@@ -247,11 +247,22 @@ def yaml_problem(err: yaml.YAMLError, text: str = "") -> str:
     line = lines[mark.line] if mark.line < len(lines) else ""
     if "'\\t'" in problem or "\t" in line:
         return f"{where}: a tab character; YAML indents with spaces only"
+    if _second_object(problem, mark.column):
+        return f"{where}: a second object with no '---' line before it (files joined without a separator?)"
     template = TEMPLATE.search(text)
     if template is not None:
         at = text.count("\n", 0, template.start()) + 1
         return f"{where}: {template.group()!r} on line {at} is {HELM_HINT}"
     return where
+
+
+_STARTS_AN_OBJECT = ("duplicate key 'apiVersion'", "duplicate key 'kind'")
+
+
+def _second_object(problem: str, column: int) -> bool:
+    """A top-level ``apiVersion`` or ``kind`` seen twice is, nearly always, the next object of a
+    concatenation (``cat a.yaml b.yaml``) that lacks the ``---`` between them."""
+    return column == 0 and problem.startswith(_STARTS_AN_OBJECT)
 
 
 def _objects(raw: Any, where: Location) -> Iterator[Document | ManifestError]:

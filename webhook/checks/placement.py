@@ -100,18 +100,22 @@ def fits(
 
 @dataclass(frozen=True, slots=True)
 class Candidates:
-    """Up to ``MESSAGE_NAMES`` nodes where the pod fits, from the nodes scanned."""
+    """Up to ``MESSAGE_NAMES`` nodes where the pod fits, from the nodes scanned. ``offering``:
+    the extended resource that limited the scan to the nodes advertising it ("" for none), and
+    ``total`` the count of those nodes (else of the cluster's)."""
 
     admitting: tuple[str, ...]
     scanned: int
     total: int
+    offering: str = ""
 
     def sentence(self) -> str:
         if self.admitting:
             return f"Nodes it fits on now: {', '.join(self.admitting)}."
+        nodes = f"nodes with {self.offering}" if self.offering else "nodes"
         if self.scanned < self.total:
-            return f"It fits on none of the first {self.scanned} of {self.total} nodes now."
-        return f"It fits on none of the {self.total} nodes now."
+            return f"It fits on none of the first {self.scanned} of {self.total} {nodes} now."
+        return f"It fits on none of the {self.total} {nodes} now."
 
 
 def candidates(
@@ -129,9 +133,10 @@ def candidates(
     reject it, not examined again but counted, as ``explain`` counts them. ``refused``: nodes
     a policy would deny it on (another scheduler owns its devices there): never suggested."""
     pod, skipped = unpinned(pod), set(skip)
+    resource, offering = _offering(pod, state)
     admitting: list[str] = []
     scanned = 0
-    for name in _offering(pod, state):
+    for name in offering:
         if scanned == MESSAGE_SCAN or len(admitting) == MESSAGE_NAMES:
             break
         scanned += 1
@@ -140,16 +145,18 @@ def candidates(
             continue
         if fits(pod, node, state, config, tolerations, namespace):
             admitting.append(name)
-    return Candidates(tuple(admitting), scanned, len(state.nodes))
+    total = len(offering) if resource else len(state.nodes)
+    return Candidates(tuple(admitting), scanned, total, resource)
 
 
-def _offering(pod: PodUnderReview, state: ClusterState) -> Iterable[str]:
+def _offering(pod: PodUnderReview, state: ClusterState) -> tuple[str, list[str] | Mapping[str, Node]]:
     """The nodes worth examining: those that advertise every extended resource the pod asks for
-    (the scheduler places it nowhere else), else all of them."""
+    (the scheduler places it nowhere else), with the resource that says so ("" for all nodes).
+    The message counts these, so that a scan of every GPU node never reads as one cut short."""
     extended = [r for r, amount in pod.record.requests.items() if amount > 0 and is_extended_resource(r)]
     if not extended:
-        return state.nodes
+        return "", state.nodes
     offering = set(state.nodes_offering(extended[0]))
     for resource in extended[1:]:
         offering &= state.nodes_offering(resource)
-    return sorted(offering)
+    return " and ".join(extended), sorted(offering)

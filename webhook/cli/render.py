@@ -100,10 +100,8 @@ def cluster_text(view: ClusterView, now: float, *, told: bool) -> None:
         when = "now: the snapshot holds no timestamps; --now to change"
     else:
         when = "the snapshot's newest timestamp; --now to change"
-    click.echo(
-        f"judged at {rfc3339(now)} ({when}) against {source}: {len(view.state.nodes)} nodes, {pods} pods",
-        err=True,
-    )
+    judged = f"judged at {rfc3339(now)} ({when}) against {source}: {len(view.state.nodes)} nodes, {pods} pods"
+    click.echo(_wrapped(judged, "", sys.stderr), err=True)
     for warning in view.warnings:
         click.echo(_wrapped(f"WARNING {warning}", "", sys.stderr), err=True)
 
@@ -278,11 +276,11 @@ def audit_report(report: Report, output: str, now: float, warnings: list[str] = 
     if output != "text":
         return
     scanned = report.scanned
-    click.echo(
+    line = (
         f"scanned {scanned['nodes']} nodes, {scanned['pods']} pods ({scanned['rejectedPods']} rejected by "
-        f"the kubelet), {scanned['workloads']} workloads; judged at {rfc3339(now)}",
-        err=True,
+        f"the kubelet), {scanned['workloads']} workloads; judged at {rfc3339(now)}"
     )
+    click.echo(_wrapped(line, "", sys.stderr), err=True)
     for why, types in _by_reason(report.not_judged).items():
         click.echo(_wrapped(f"not judged: {', '.join(types)}: {why}", "", sys.stderr), err=True)
     for warning in warnings:

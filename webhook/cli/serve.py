@@ -35,11 +35,27 @@ if TYPE_CHECKING:
     help="Directory with tls.crt and tls.key; re-read when they change.",
 )
 @click.option("--bind", default="0.0.0.0:8443", show_default=True, help="Address to listen on (HTTPS).")
-@click.option("--workers", type=click.IntRange(1, 64), default=2, show_default=True)
 @click.option(
-    "--threads", type=click.IntRange(1, 256), default=4, show_default=True, help="Threads per worker."
+    "--workers",
+    type=click.IntRange(1, 64),
+    default=2,
+    show_default=True,
+    help="gunicorn worker processes, each with its own cluster state (about one per core).",
 )
-@click.option("--max-body-bytes", type=click.IntRange(1024), default=limits.MAX_BODY_BYTES, show_default=True)
+@click.option(
+    "--threads",
+    type=click.IntRange(1, 256),
+    default=4,
+    show_default=True,
+    help="Threads per worker: reviews one worker judges at once.",
+)
+@click.option(
+    "--max-body-bytes",
+    type=click.IntRange(1024),
+    default=limits.MAX_BODY_BYTES,
+    show_default=True,
+    help="Largest AdmissionReview accepted; a larger body gets 413 (the API server's own limit is 3 MiB).",
+)
 @click.option(
     "--request-timeout",
     type=click.FloatRange(0.1),
@@ -82,7 +98,13 @@ if TYPE_CHECKING:
     help="Allowed common name of a client certificate: the subject's last CN, as Kubernetes reads "
     "it (repeatable; default: any the CA signed). Overrides clientAuth.commonNames.",
 )
-@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info")
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="info",
+    show_default=True,
+    help="Least severe of gunicorn's and the guard's own log lines on stderr (breakers, watch retries).",
+)
 @click.option(
     "--max-state-age",
     type=click.FloatRange(1),

@@ -21,12 +21,12 @@ from typing import Any
 from .errors import MAPPING, FieldError
 from .quantity import QuantityError, ceil_int, parse_quantity
 from .resources import is_extended_resource
-from .workloads import PodShape
+from .workloads import PodShape, display_path
 
 
 def check_resource_requirements(shape: PodShape) -> None:
     """Raise ``FieldError`` for the first container resource the API server would refuse."""
-    prefix = shape.path.lstrip("/").replace("/", ".")
+    prefix = display_path(shape.path)
     spec_path = f"{prefix}.spec" if prefix else "spec"
     for key in ("initContainers", "containers"):
         containers = shape.spec.get(key)

@@ -307,7 +307,7 @@ def template_shapes(obj: Mapping[str, Any], workload: WorkloadKind) -> list[Temp
     shapes = []
     for path in workload.templates:
         for pointer, template in path.find(obj):
-            where = pointer.lstrip("/").replace("/", ".")
+            where = display_path(pointer)
             if not isinstance(template, Mapping):
                 raise FieldError(where, "must be a mapping (a pod template)")
             shape = PodShape(

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from ..checks.scheduler import placeable, tolerations_of
 from ..globs import globs_overlap, matches_any
 from ..kube.selectors import LABEL_OPERATORS, LabelSelector
+from ..kube.workloads import display_path
 from ..state.model import DEFAULT_SCHEDULER
 from . import ALL_MODES, POD_FIELDS, Allocation, Bind, Context, Finding, Mode, Review, read_mode
 
@@ -461,7 +462,7 @@ def _pinned(
             REASON,
             f"{review.description} sets spec.nodeName={node_name!r} and asks for devices, bypassing "
             f"every scheduler, on a node where {listing}. The owner does not know these devices are "
-            f"taken and will hand them out again. Drop spec.nodeName and set spec.schedulerName: {fix}.",
+            f"taken and will hand them out again. {_unpin(review, schedulers, fix)}",
             node=node_name,
         )
     ]
@@ -582,7 +583,7 @@ def _wrong_pool(
                 REASON,
                 f"{review.description} uses schedulerName {scheduler!r} and can land on nodes of "
                 f"{len(owners)} owners of its devices: {pools}{mine}. Select one pool with a "
-                "nodeSelector or required node affinity, and use its owner as spec.schedulerName.",
+                f"nodeSelector or required node affinity, and use its owner as {_scheduler_field(review)}.",
             )
         ]
     [(owner, nodes)] = elsewhere.items()
@@ -606,9 +607,26 @@ def _wrong_scheduler(review: Review, scheduler: str, owner: str, why: str) -> Fi
     message = (
         f"{review.description} uses schedulerName {scheduler!r}, but {why}. Two schedulers handing "
         f"out the same devices make the kubelet fail pods with UnexpectedAdmissionError. Set "
-        f"spec.schedulerName: {owner}."
+        f"{_scheduler_field(review)}: {owner}."
     )
     return Finding(REASON, message, fix=_scheduler_fix(review, scheduler, owner))
+
+
+def _unpin(review: Review, owners: list[str], fix: str) -> str:
+    """What to change: the pin always; the scheduler only when it is not already the owner."""
+    pin = f"{display_path(review.shape.path)}.spec.nodeName" if review.shape.path else "spec.nodeName"
+    if review.scheduler in owners:
+        return f"Drop {pin}: {review.scheduler}, its scheduler, places it."
+    return f"Drop {pin} and set {_scheduler_field(review)}: {fix}."
+
+
+def _scheduler_field(review: Review) -> str:
+    """Where the pods' schedulerName is set. An operator's kind has none of its own in ``spec``
+    (a RayCluster's lives in each template), so its message names the template's field; a Pod
+    or a built-in controller keeps the short ``spec.schedulerName`` people know."""
+    if not review.template:
+        return "spec.schedulerName"
+    return f"{review.template}.spec.schedulerName"
 
 
 def _scheduler_fix(review: Review, scheduler: str, owner: str):
@@ -634,7 +652,7 @@ def _everywhere_mixed(
     candidates = sorted({o[0] for o in alone if len(o) == 1})
     owner = candidates[0] if len(candidates) == 1 else None
     then = (
-        f"Set spec.schedulerName: {owner}, or keep it off those nodes."
+        f"Set {_scheduler_field(review)}: {owner}, or keep it off those nodes."
         if owner
         else "Keep it to nodes of its own scheduler (nodeSelector), or give the devices an owner per pool "
         "(policies.deviceScheduler.owners)."
@@ -671,7 +689,7 @@ def _by_selectors(
                 REASON,
                 f"{review.description} uses schedulerName {scheduler!r} and its nodeSelector reaches "
                 f"pools of {len(reached)} owners of its devices: {pools}. Select one pool with a "
-                "nodeSelector, and use its owner as spec.schedulerName.",
+                f"nodeSelector, and use its owner as {_scheduler_field(review)}.",
             )
         ]
     [(owner, rules)] = reached.items()

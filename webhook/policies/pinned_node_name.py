@@ -17,6 +17,7 @@ from ..checks.placement import candidates, verdict
 from ..checks.scheduler import tolerations_of
 from ..kube.errors import FieldError
 from ..kube.selectors import is_empty_term
+from ..kube.workloads import display_path
 from . import (
     ALL_MODES,
     POD_SHAPE,
@@ -155,7 +156,7 @@ def replicas(obj: Mapping[str, Any], template_path: str) -> int | None:
 
 
 def _field(shape) -> str:
-    return shape.path.lstrip("/").replace("/", ".") + ".spec.nodeName"
+    return display_path(shape.path) + ".spec.nodeName"
 
 
 def _kubelet_verdict(
