@@ -316,6 +316,25 @@ def respond(outcome: Outcome, decision: Decision, code: int = 403) -> Outcome:
     return outcome
 
 
+def deny(
+    outcome: Outcome, policy: str, reason: str, message: str, *, node: str | None = None, code: int = 403
+) -> Outcome:
+    """A denial for one reason, in the one denial format (``respond``)."""
+    return respond(outcome, Decision(violations=[Violation(policy, reason, message, node)]), code)
+
+
+def allowed_unchecked(outcome: Outcome, why: str, what: str, detail: str) -> Outcome:
+    """Allowed though ``what`` (a binding, an allocation) could not be checked: the bind and
+    allocation webhooks fail open by design, and say so in a warning. ``why`` is one of a
+    closed set (``coordination.transaction``), counted in a metric."""
+    outcome.fail_open = why
+    outcome.error = f"{what} not checked ({why}): {detail}"
+    outcome.response.setdefault("warnings", []).append(
+        f"admit-guard did not check this {what} and allowed it: {detail}"
+    )
+    return outcome
+
+
 def is_claim_status(request: AdmissionRequest) -> bool:
     """A write of ``resourceclaims/status``: where a scheduler hands out DRA devices."""
     return request.resource == "resourceclaims" and request.sub_resource == "status"

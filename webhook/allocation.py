@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 
 from . import admission
-from .admission import VALIDATE, AdmissionRequest, Outcome, is_claim_status, respond
+from .admission import VALIDATE, AdmissionRequest, Outcome, allowed_unchecked, deny, is_claim_status, respond
 from .config import Config
 from .coordination.allocations import MAX_RESULTS, InFlight, counts, in_flight, kept
 from .coordination.budget import Budget, Busy, DeadlineExceeded
@@ -39,7 +39,7 @@ from .coordination.transaction import (
     TableFailed,
     Transaction,
 )
-from .engine import Decision, Violation, apply_finding
+from .engine import Decision, apply_finding
 from .kube.dra import ResourceClaim, resource_claim_from
 from .kube.errors import FieldError
 from .policies import Allocation, Context, Finding, Mode, device_allocation
@@ -94,8 +94,9 @@ class AllocationGuard:
         if allocation is None:
             return outcome
         if len(allocation.results) > MAX_RESULTS:
-            return _deny(
+            return deny(
                 outcome,
+                POLICY,
                 "Invalid",
                 f"status.allocation.devices.results: Too many: {len(allocation.results)}: must have at "
                 f"most {MAX_RESULTS} items (the API server refuses this write)",
@@ -200,17 +201,9 @@ class _StateGone(Exception):
 
 
 def _unchecked(outcome: Outcome, why: str, detail: str) -> Outcome:
-    outcome.fail_open = why
-    outcome.error = f"allocation not checked against allocations in flight ({why}): {detail}"
-    outcome.response.setdefault("warnings", []).append(
-        f"admit-guard did not check this allocation against allocations in flight and allowed it: {detail}"
-    )
-    return outcome
+    return allowed_unchecked(outcome, why, "allocation against allocations in flight", detail)
 
 
 def _busy(outcome: Outcome, why: str) -> Outcome:
-    return _deny(outcome, BUSY, f"the allocation was not decided: {why}. The scheduler will retry it.", 429)
-
-
-def _deny(outcome: Outcome, reason: str, message: str, code: int = 403) -> Outcome:
-    return respond(outcome, Decision(violations=[Violation(POLICY, reason, message)]), code)
+    message = f"the allocation was not decided: {why}. The scheduler will retry it."
+    return deny(outcome, POLICY, BUSY, message, code=429)

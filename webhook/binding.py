@@ -22,7 +22,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .admission import AdmissionRequest, Outcome, ReviewError, respond
+from .admission import AdmissionRequest, Outcome, ReviewError, allowed_unchecked, deny, respond
 from .checks import PodUnderReview
 from .config import Config
 from .coordination.budget import Budget, Busy, DeadlineExceeded
@@ -42,7 +42,7 @@ from .coordination.transaction import (
     TableFailed,
     Transaction,
 )
-from .engine import Decision, Violation, apply_finding
+from .engine import Decision, apply_finding
 from .policies import Bind, Context, Finding, Mode
 from .policies.registry import BIND_POLICIES
 from .state.apiserver import ApiError
@@ -135,8 +135,9 @@ class BindGuard:
             if POLICY not in modes:
                 return outcome
             if self.config.node_admission.unknown_node == "deny":
-                return _deny(
+                return deny(
                     outcome,
+                    POLICY,
                     "UnknownNode",
                     f"node {target.node} does not exist: {pod_name}, bound by "
                     f"{req.user or 'an unknown binder'}, would never run. "
@@ -300,7 +301,7 @@ class BindGuard:
         )
         if mode in (Mode.WARN, Mode.AUDIT):
             return _unchecked(outcome, WAITED, message)
-        return _deny(outcome, BUSY, message, node=node, code=429)
+        return deny(outcome, POLICY, BUSY, message, node=node, code=429)
 
     def _coordinated(self, record: PodRecord) -> bool:
         devices = self.config.device_scheduler.resources
@@ -313,31 +314,4 @@ class _StateGone(Exception):
 
 
 def _unchecked(outcome: Outcome, why: str, detail: str) -> Outcome:
-    outcome.fail_open = why
-    outcome.error = f"binding not checked ({why}): {detail}"
-    outcome.response.setdefault("warnings", []).append(
-        f"admit-guard did not check this binding and allowed it: {detail}"
-    )
-    return outcome
-
-
-def _deny(
-    outcome: Outcome,
-    reason: str,
-    message: str,
-    reasons: list[str] | None = None,
-    node: str | None = None,
-    code: int = 403,
-    policy: str = POLICY,
-) -> Outcome:
-    outcome.response["allowed"] = False
-    outcome.response["status"] = {
-        "code": code,
-        "reason": reason,
-        "message": f"admit-guard: {reason}: {message}",
-    }
-    outcome.reasons = reasons or [reason]
-    outcome.decision = Decision(
-        allowed=False, violations=[Violation(policy, r, message, node) for r in outcome.reasons]
-    )
-    return outcome
+    return allowed_unchecked(outcome, why, "binding", detail)

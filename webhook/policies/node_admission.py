@@ -21,7 +21,7 @@ from ..kube.sysctls import namespace_of, normalize
 from ..kube.tolerations import untolerated_taint
 from ..state.model import is_mirror
 from . import NO_FIX, POD_FIELDS, Bind, Context, Finding, Mode, Review, device_scheduler, read_mode
-from .device_scheduler import owned_by_others
+from .device_scheduler import DeviceSchedulerConfig, owned_by_others
 
 if TYPE_CHECKING:
     from ..reader import Reader
@@ -199,17 +199,7 @@ def check(review: Review, context: Context) -> list[Finding]:
     )
     if not failures:
         return []
-    elsewhere = candidates(
-        review.pod,
-        state,
-        skip=(node_name,),
-        config=config,
-        tolerations=tolerations_of(review.shape),
-        namespace=review.namespace,
-        refused=owned_by_others(
-            review.pod.record.requests, review.scheduler, state, context.config.policy(device_scheduler.NAME)
-        ),
-    ).sentence()
+    elsewhere = fits_elsewhere(review, state, node_name, config, context.config.policy(device_scheduler.NAME))
     return [
         Finding(
             failure.reason,
@@ -245,6 +235,27 @@ def check_bind(bind: Bind, context: Context) -> list[Finding]:
         )
         for failure in failures
     ]
+
+
+def fits_elsewhere(
+    review: Review,
+    state: ClusterState,
+    node_name: str,
+    config: NodeAdmissionConfig | None,
+    owners: DeviceSchedulerConfig | None = None,
+) -> str:
+    """Where the pod fits instead of ``node_name``, as a sentence: the scheduler's filters (its
+    claims' devices included), the kubelet's admission, and no other scheduler owning its
+    devices there."""
+    return candidates(
+        review.pod,
+        state,
+        skip=(node_name,),
+        config=config,
+        tolerations=tolerations_of(review.shape),
+        namespace=review.namespace,
+        refused=owned_by_others(review.pod.record.requests, review.scheduler, state, owners),
+    ).sentence()
 
 
 def unschedulable_sysctls(

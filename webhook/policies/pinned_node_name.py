@@ -13,8 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..checks import kubelet_admission
-from ..checks.placement import candidates, verdict
-from ..checks.scheduler import tolerations_of
+from ..checks.placement import verdict
 from ..kube.errors import FieldError
 from ..kube.selectors import is_empty_term
 from ..kube.workloads import display_path
@@ -30,7 +29,7 @@ from . import (
     device_scheduler,
     read_mode,
 )
-from .device_scheduler import owned_by_others
+from .node_admission import fits_elsewhere
 
 if TYPE_CHECKING:
     from ..reader import Reader
@@ -172,34 +171,14 @@ def _kubelet_verdict(
         return f"(Node capacity was not checked: {review.unreadable}.)"
     node = state.nodes.get(node_name)
     if node is None:
-        elsewhere = _elsewhere(review, state, node_name, node_config, owners)
+        elsewhere = fits_elsewhere(review, state, node_name, node_config, owners)
         return f"Node {node_name} is not in the cluster state: no kubelet would run its pods. {elsewhere}"
     failures = verdict(review.pod, node, state, node_config)
     if failures:
         summaries = "; ".join(f.summary() for f in failures)
-        elsewhere = _elsewhere(review, state, node_name, node_config, owners)
+        elsewhere = fits_elsewhere(review, state, node_name, node_config, owners)
         return f"Node {node_name} would reject it: {summaries}. {elsewhere}"
     return f"Node {node_name} would admit one pod now; the next pod that does not fit fails."
-
-
-def _elsewhere(
-    review: Review,
-    state: ClusterState,
-    node_name: str,
-    node_config: NodeAdmissionConfig | None,
-    owners: DeviceSchedulerConfig | None = None,
-) -> str:
-    """Where its pods fit instead: the scheduler's filters (its claims' devices included), the
-    kubelet's admission, and no other scheduler owning its devices there."""
-    return candidates(
-        review.pod,
-        state,
-        skip=(node_name,),
-        config=node_config,
-        tolerations=tolerations_of(review.shape),
-        namespace=review.namespace,
-        refused=owned_by_others(review.pod.record.requests, review.scheduler, state, owners),
-    ).sentence()
 
 
 _TERMS = ("affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution", "nodeSelectorTerms")
