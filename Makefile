@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 ADDRESS ?= 127.0.0.1:8443
 EXAMPLE ?= examples/admission/incident-1-pinned-deployment.json
 
-.PHONY: run check certs test lint bench lock clean deploy-certs deploy-render deploy-vap promtool monitoring-test
+.PHONY: run check certs test docs lint bench lock clean deploy-certs deploy-render deploy-vap promtool monitoring-test
 
 OVERLAY ?= self-signed
 SELF_SIGNED := deploy/overlays/self-signed
@@ -41,6 +41,10 @@ test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	$(BIN)/pytest
+
+# docs/reference/: the pages generated from the registries (a test fails when they are stale).
+docs: $(STAMP)
+	$(BIN)/python -m webhook.docs
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
