@@ -2,8 +2,8 @@
 
 Every table here is read from the code that decides: the policies from
 ``policies.registry.POLICIES``, the kubelet's checks from ``checks.KUBELET_CHECKS``, the
-workload table from ``kube.workloads``, the metrics from ``serve.metrics`` (instantiated in a
-throwaway registry) and the config keys from each policy's ``Settings`` and ``config``. A test
+workload table from ``kube.workloads``, the metrics from their declarations in ``serve/``
+(read as source) and the config keys from each policy's ``Settings`` and ``config``. A test
 regenerates the pages in memory and fails when the committed ones are stale.
 
     python -m webhook.docs            # write docs/reference/*.md
@@ -12,6 +12,7 @@ regenerates the pages in memory and fails when the committed ones are stale.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import enum
 import re
@@ -206,30 +207,51 @@ def workloads_page() -> str:
 # -- metrics ----------------------------------------------------------------------------------
 
 
+# The modules that declare metrics, read as source: the generator imports nothing of serve/
+# (only the CLI does, docs/architecture.md), and a metric is declared in one call each.
+METRIC_MODULES = ("serve/metrics.py", "serve/tls.py")
+METRIC_TYPES = {
+    "Counter": "counter",
+    "Gauge": "gauge",
+    "Histogram": "histogram",
+    "GaugeMetricFamily": "gauge",
+    "CounterMetricFamily": "counter",
+}
+
+
 def _metrics() -> list[tuple[str, str, tuple[str, ...], str]]:
-    """(name as scraped, type, labels, help) of every metric the guard exports."""
-    from prometheus_client import metrics as client
-    from prometheus_client.parser import text_string_to_metric_families
-
-    from .serve import metrics, tls
-    from .state.source import Readiness
-
-    declared: list[Any] = [metrics._refused(), tls._gauge()]
-    app = metrics.Metrics()  # its own registry: PROMETHEUS_MULTIPROC_DIR is not set here
-    for holder in (app, app.audit, app.storm):
-        declared += [v for v in vars(holder).values() if isinstance(v, client.MetricWrapperBase)]
-    found = {}
-    for metric in declared:
-        name = metric._name + ("_total" if metric._type == "counter" else "")
-        found[name] = (name, metric._type, tuple(metric._labelnames), metric._documentation)
-    # What the scrape adds: families computed at scrape time.
-    app.observe_state(Readiness(True, "", updated_at=1.0), "informer")
-    for family in text_string_to_metric_families(app.scrape().decode()):
-        name = family.name + ("_total" if family.type == "counter" else "")
-        if name not in found:
-            labels = tuple(sorted({k for s in family.samples for k in s.labels}))
-            found[name] = (name, family.type, labels, family.documentation)
-    return sorted(found.values())
+    """(name as scraped, type, labels, help) of every metric the guard exports: each call of a
+    prometheus_client metric or metric family in ``METRIC_MODULES``."""
+    found = []
+    for module in METRIC_MODULES:
+        tree = ast.parse((Path(__file__).parent / module).read_text())
+        names = {
+            target.id: node.value.value
+            for node in tree.body
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+            for target in node.targets
+            if isinstance(target, ast.Name)
+        }
+        for call in ast.walk(tree):
+            if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)):
+                continue
+            kind = METRIC_TYPES.get(call.func.id)
+            if kind is None or len(call.args) < 2:
+                continue
+            first = call.args[0]
+            name = first.value if isinstance(first, ast.Constant) else names[first.id]
+            keywords = {k.arg: k.value for k in call.keywords}
+            labels = keywords.get("labelnames", keywords.get("labels"))
+            labels = call.args[2] if len(call.args) > 2 else labels
+            found.append(
+                (
+                    name + ("_total" if kind == "counter" else ""),
+                    kind,
+                    tuple(ast.literal_eval(labels)) if labels is not None else (),
+                    ast.literal_eval(call.args[1]),
+                )
+            )
+    return sorted(found)
 
 
 def metrics_page() -> str:
