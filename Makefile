@@ -37,9 +37,12 @@ certs: $(STAMP)
 certs/tls.crt: | $(STAMP)
 	$(BIN)/admit-guard certs --out certs > /dev/null
 
+# mkdocs --strict: a broken link or anchor in docs/ fails the build (site/ is git-ignored).
+# Not --quiet: it hides the warnings from --strict too, and the build passes.
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
+	$(BIN)/mkdocs build --strict --site-dir site
 	$(BIN)/pytest
 
 # docs/reference/: the pages generated from the registries (a test fails when they are stale).
@@ -112,4 +115,4 @@ deploy-vap: $(STAMP)
 	$(BIN)/admit-guard vap --config deploy/base/config.yaml > deploy/overlays/static-policies/policies.yaml
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info
+	rm -rf $(VENV) .pytest_cache .hypothesis build site *.egg-info

@@ -20,6 +20,12 @@ def test_the_committed_reference_pages_are_the_generated_ones():
     assert stale == [], f"stale generated docs: {', '.join(stale)}: run `make docs` and commit them"
 
 
+def test_every_generated_page_is_in_the_mkdocs_nav():
+    nav = (ROOT / "mkdocs.yml").read_text()
+    for path in docs.pages():
+        assert str(path.relative_to("docs")) in nav, path
+
+
 def test_the_reference_names_every_policy_reason_check_kind_and_key():
     pages = {path.name: text for path, text in docs.pages().items()}
     for policy in POLICIES:
