@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 ADDRESS ?= 127.0.0.1:8443
 EXAMPLE ?= examples/admission/incident-1-pinned-deployment.json
 
-.PHONY: run check certs test lint bench lock clean deploy-certs deploy-render deploy-vap promtool monitoring-test
+.PHONY: run check certs test docs lint bench lock clean deploy-certs deploy-render deploy-vap promtool monitoring-test
 
 OVERLAY ?= self-signed
 SELF_SIGNED := deploy/overlays/self-signed
@@ -37,10 +37,17 @@ certs: $(STAMP)
 certs/tls.crt: | $(STAMP)
 	$(BIN)/admit-guard certs --out certs > /dev/null
 
+# mkdocs --strict: a broken link or anchor in docs/ fails the build (site/ is git-ignored).
+# Not --quiet: it hides the warnings from --strict too, and the build passes.
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
+	$(BIN)/mkdocs build --strict --site-dir site
 	$(BIN)/pytest
+
+# docs/reference/: the pages generated from the registries (a test fails when they are stale).
+docs: $(STAMP)
+	$(BIN)/python -m webhook.docs
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -108,4 +115,4 @@ deploy-vap: $(STAMP)
 	$(BIN)/admit-guard vap --config deploy/base/config.yaml > deploy/overlays/static-policies/policies.yaml
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info
+	rm -rf $(VENV) .pytest_cache .hypothesis build site *.egg-info

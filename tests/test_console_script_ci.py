@@ -408,8 +408,8 @@ def test_a_yaml_snapshot_is_read_item_by_item_in_no_more_memory_than_its_json_tw
 # -- 9. the rest ----------------------------------------------------------------------------------
 
 
-def test_the_readme_sample_policy_test_is_shipped_with_what_it_points_to_and_passes():
-    readme = (ROOT / "README.md").read_text()
+def test_the_docs_sample_policy_test_is_shipped_with_what_it_points_to_and_passes():
+    readme = (ROOT / "docs" / "cli.md").read_text()
     sample = (EXAMPLES / "policy-test" / "gpu.test.yaml").read_text()
     assert f"```yaml\n{sample}```" in readme
     result = cli("test", str(EXAMPLES / "policy-test"))

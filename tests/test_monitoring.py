@@ -179,8 +179,8 @@ print(generate_latest(registry).decode())
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl renders kustomize (as in test_deploy)")
 def test_uninstall_and_monitoring_render_in_a_clone_without_certificates(tmp_path):
-    """README's uninstall deletes ``-k deploy/base`` and ``-k deploy/monitoring``: both must build
-    where no ``make deploy-certs`` ever ran."""
+    """The uninstall steps (docs/deploy.md) delete ``-k deploy/base`` and ``-k deploy/monitoring``:
+    both must build where no ``make deploy-certs`` ever ran."""
     shutil.copytree(ROOT / "deploy", tmp_path / "deploy", ignore=shutil.ignore_patterns("certs"))
     kinds = {}
     for part in ("base", "monitoring"):

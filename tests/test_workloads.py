@@ -106,8 +106,8 @@ def test_every_built_in_kind_names_its_source():
     assert all(w.source for w in WORKLOADS)
 
 
-def test_the_readme_documents_every_built_in_kind_with_its_paths_and_source():
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+def test_the_docs_document_every_built_in_kind_with_its_paths_and_source():
+    readme = (Path(__file__).resolve().parent.parent / "docs" / "reference" / "workloads.md").read_text()
     for workload in WORKLOADS:
         paths = ", ".join(f"`{p.text}`" for p in workload.templates)
         assert f"| `{workload.group}` | {workload.kind} | {paths} |" in readme, workload.kind

@@ -1,7 +1,7 @@
 """admit-guard: a Kubernetes admission guard that refuses what the kubelet would refuse.
 
 Kubernetes semantics follow upstream Kubernetes v1.35 (kubelet admission as re-specified in
-docs/kubelet-admission-spec.md); see README for the rules and docs/architecture.md for the
+docs/kubelet-admission-spec.md); see docs/ for the rules and docs/architecture.md for the
 request's path through the packages.
 
 The public API, for embedding the guard or checking objects from Python::

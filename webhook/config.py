@@ -152,11 +152,39 @@ def config_from_dict(data: Any, source: str = "config") -> Config:
     return config
 
 
+# Every key the file may hold, with what it is for: the reader accepts these and no others, and
+# the generated reference (docs/reference/config.md) lists them.
+TOP_LEVEL_KEYS = {
+    "excludedNamespaces": "namespaces never touched, by any policy (default `[kube-system]`)",
+    "failOpen": "server: objects the guard cannot parse are allowed with a warning (`true`, the "
+    "default) or denied",
+    "exemptions": "lift policies for requests that match every field given",
+    "policies": "each policy's settings, under its name",
+    "clientAuth": "serve: answer only callers with a certificate this CA signed (off when absent)",
+    "workloads": "custom resources whose controllers create pods, added to the workload table",
+}
+EXEMPTION_KEYS = {
+    "namespaces": "namespace globs",
+    "users": "user globs (`userInfo.username`)",
+    "groups": "group globs",
+    "policies": "the policies it lifts (all when empty)",
+}
+CLIENT_AUTH_KEYS = {
+    "ca": "the CA file that signs the API server's client certificate",
+    "commonNames": "the certificate names answered (the subject's last common name); any when empty",
+}
+WORKLOAD_KEYS = {
+    "apiVersion": "the custom resource's group and version",
+    "kind": "its kind",
+    "templates": "paths to its pod templates (`name[*]`: every item of a list, `*`: every value of a map)",
+    "schedulerName": "optional: the field whose value its pods get when their template names none",
+}
+
+
 def read_config(reader: Reader, data: Any) -> Config:
     """The config in ``data``, its problems recorded in ``reader`` (a policy test file reads
     its configs into its own reader, so every problem of the file is listed at once)."""
-    keys = {"excludedNamespaces", "failOpen", "exemptions", "policies", "clientAuth", "workloads"}
-    top = reader.mapping(data, "", keys)
+    top = reader.mapping(data, "", set(TOP_LEVEL_KEYS))
     policies = reader.mapping(top.get("policies") or {}, "policies", set(NAMES))
     return Config(
         excluded_namespaces=reader.strings(
@@ -195,7 +223,7 @@ def _policy(reader: Reader, policies: Mapping[str, Any], name: str) -> Mapping[s
 def _client_auth(reader: Reader, data: Any) -> ClientAuth | None:
     if data is None:
         return None
-    item = reader.mapping(data, "clientAuth", {"ca", "commonNames"})
+    item = reader.mapping(data, "clientAuth", set(CLIENT_AUTH_KEYS))
     ca = item.get("ca")
     if not isinstance(ca, str) or not ca:
         reader.fail(
@@ -206,7 +234,7 @@ def _client_auth(reader: Reader, data: Any) -> ClientAuth | None:
 
 
 def _exemption(reader: Reader, data: Any, where: str) -> Exemption:
-    item = reader.mapping(data, where, {"namespaces", "users", "groups", "policies"})
+    item = reader.mapping(data, where, set(EXEMPTION_KEYS))
     policies = reader.strings(item.get("policies", []), f"{where}.policies")
     for name in policies:
         if name not in NAMES:
@@ -222,9 +250,6 @@ def _exemption(reader: Reader, data: Any, where: str) -> Exemption:
     return exemption
 
 
-_WORKLOAD_KEYS = {"apiVersion", "kind", "templates", "schedulerName"}
-
-
 def _workloads(reader: Reader, data: Any, where: str) -> WorkloadTable:
     """``workloads:``, custom resources whose controllers create pods from templates inside
     them, added to the built-in table (an entry for a built-in custom resource replaces it)."""
@@ -232,7 +257,7 @@ def _workloads(reader: Reader, data: Any, where: str) -> WorkloadTable:
     seen: set[tuple[str, str]] = set()
     for i, raw in enumerate(reader.sequence(data, where)):
         at = f"{where}[{i}]"
-        item = reader.mapping(raw, at, _WORKLOAD_KEYS)
+        item = reader.mapping(raw, at, set(WORKLOAD_KEYS))
         if not item:
             continue
         kind = _workload_kind(reader, item, at)
