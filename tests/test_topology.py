@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from tests.builders import container, node, pod
+from tests.builders import container, deployment, node, pod
 from tests.topology_builders import nrt
 from webhook.checks import PodUnderReview, kubelet_admission
 from webhook.config import Config, config_from_dict
 from webhook.engine import evaluate
 from webhook.kube.workloads import pod_shape
-from webhook.state import ClusterState, node_from
+from webhook.state import ClusterState, node_from, pod_record
 from webhook.state.topology import topology_from
 
 TWO_BY_16 = [{"cpu": ("16", "16", "16")}, {"cpu": ("16", "16", "16")}]
@@ -321,3 +321,20 @@ def test_the_engine_denies_a_pinned_pod_with_the_kubelets_reason_and_the_zones()
     assert violation.reason == "TopologyAffinityError"
     assert "Resources cannot be allocated with Topology locality" in violation.message
     assert "node-0: cpu 4; node-1: cpu 4" in violation.message
+
+
+def test_in_a_snapshot_the_pods_on_the_node_are_already_counted_in_available():
+    """Issue 27 item 4, last sentence: a snapshot cannot date its NRT, so ``available`` is taken
+    as is; a running Guaranteed pod is not subtracted again."""
+    state = cluster([{"cpu": ("16", "16", "6")}] * 2)
+    running = pod("running", node_name="node-1", containers=[guaranteed("20")])
+    state.set_pod("running", pod_record(running))
+    assert not refused(state, guaranteed("6"))
+
+
+def test_a_pinned_deployment_is_denied_with_the_topology_reason_in_its_message():
+    """The template's pods would each be refused by ``containerScope.Admit``: a storm."""
+    state = cluster([{"cpu": ("16", "16", "4")}] * 2)
+    obj = deployment({"nodeName": "node-1", "containers": [guaranteed("6")]})
+    [violation] = evaluate(obj, "CREATE", state, Config()).violations
+    assert "TopologyAffinityError" in violation.message
