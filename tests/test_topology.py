@@ -9,7 +9,7 @@ import pytest
 from tests.builders import container, deployment, node, pod
 from tests.topology_builders import nrt
 from webhook.checks import PodUnderReview, kubelet_admission
-from webhook.config import Config, config_from_dict
+from webhook.config import Config, ConfigError, config_from_dict
 from webhook.engine import evaluate
 from webhook.kube.workloads import pod_shape
 from webhook.state import ClusterState, node_from, pod_record
@@ -307,8 +307,6 @@ def test_a_pool_without_a_static_memory_manager_drops_the_zones_memory():
     ],
 )
 def test_topology_config_errors_name_the_field(topology, field):
-    from webhook.config import ConfigError
-
     with pytest.raises(ConfigError) as err:
         config_from_dict({"policies": {"nodeAdmission": {"topology": topology}}}, "guard.yaml")
     assert field in str(err.value)
@@ -338,3 +336,65 @@ def test_a_pinned_deployment_is_denied_with_the_topology_reason_in_its_message()
     obj = deployment({"nodeName": "node-1", "containers": [guaranteed("6")]})
     [violation] = evaluate(obj, "CREATE", state, Config()).violations
     assert "TopologyAffinityError" in violation.message
+
+
+# -- SMTAlignmentError (§9, issue 27 item 5) ------------------------------------------------------
+
+
+def smt(**pool) -> Config:
+    return pools(fullPCPUsOnly=True, threadsPerCore=2, **pool)
+
+
+def test_full_pcpus_only_refuses_an_odd_cpu_count_with_the_kubelets_message():
+    """``staticPolicy.Allocate``: ``numCPUs % cpuGroupSize != 0`` → ``SMTAlignmentError``."""
+    state = cluster(TWO_BY_16, labels={"pool": "hpc"})
+    [failure] = verdict(state, guaranteed("3"), config=smt())
+    assert failure.reason == "SMTAlignmentError"
+    assert failure.message == "SMT Alignment Error: requested 3 cpus not multiple cpus per core = 2"
+    assert not verdict(state, guaranteed("4"), config=smt())
+
+
+def test_full_pcpus_only_holds_without_an_nrt_and_under_any_topology_policy():
+    """``scope_none.go :: admitPolicyNone`` still calls every provider's ``Allocate``."""
+    state = ClusterState()
+    state.set_node(node_from(node("node-1", cpu="64", memory="1Ti", labels={"pool": "hpc"})))
+    assert reasons(verdict(state, guaranteed("3"), config=smt())) == ["SMTAlignmentError"]
+    assert reasons(verdict(state, guaranteed("3"))) == []  # nothing declared: not predicted
+
+
+def test_smt_ignores_burstable_and_fractional_cpu_containers():
+    """``guaranteedCPUs`` is 0 for them: they run in the shared pool."""
+    state = cluster(TWO_BY_16, labels={"pool": "hpc"})
+    assert not verdict(state, burstable("3"), config=smt())
+    assert not verdict(state, guaranteed("1500m"), config=smt())
+
+
+def test_container_scope_reports_whichever_of_topology_and_smt_refuses_the_first_container():
+    """``containerScope.Admit``: merge then ``allocateAlignedResources``, container by container."""
+    state = cluster([{"cpu": ("16", "16", "4")}] * 2, labels={"pool": "hpc"})
+    first_odd = verdict(state, guaranteed("3", name="a"), guaranteed("6", name="b"), config=smt())
+    assert reasons(first_odd) == ["SMTAlignmentError"]
+    first_too_big = verdict(state, guaranteed("6", name="a"), guaranteed("3", name="b"), config=smt())
+    assert reasons(first_too_big) == ["TopologyAffinityError"]
+
+
+def test_pod_scope_checks_smt_after_the_pods_merge():
+    """``podScope.Admit``: one merge for the pod, then ``Allocate`` for each container."""
+    state = cluster([{"cpu": ("16", "16", "4")}] * 2, scope="pod", labels={"pool": "hpc"})
+    assert reasons(verdict(state, guaranteed("3", name="a"), guaranteed("6", name="b"), config=smt())) == [
+        "TopologyAffinityError"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("pool", "field"),
+    [
+        ({"fullPCPUsOnly": True}, "pools[0].threadsPerCore: is required"),
+        ({"fullPCPUsOnly": "yes", "threadsPerCore": 2}, "pools[0].fullPCPUsOnly"),
+        ({"fullPCPUsOnly": True, "threadsPerCore": 0}, "pools[0].threadsPerCore"),
+    ],
+)
+def test_smt_config_errors_name_the_field(pool, field):
+    with pytest.raises(ConfigError) as err:
+        config_from_dict({"policies": {"nodeAdmission": {"topology": {"pools": [pool]}}}}, "guard.yaml")
+    assert field in str(err.value)

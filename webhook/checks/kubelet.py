@@ -13,6 +13,7 @@ from ..kube.reasons import (
     NODE_PORTS,
     POD_OS_NOT_SUPPORTED,
     POD_OS_SELECTOR_NODE_LABEL_DOES_NOT_MATCH,
+    SMT_ALIGNMENT_ERROR,
     SUPPLEMENTAL_GROUPS_POLICY_NOT_SUPPORTED,
     SYSCTL_FORBIDDEN,
     TAINT_TOLERATION,
@@ -39,15 +40,17 @@ from .topology import topology_affinity
 @dataclass(frozen=True, slots=True)
 class KubeletConfig:
     """What a node's kubelet runs with that its Node object does not say, as the guard's config
-    and the node's NodeResourceTopology tell it: ``--allowed-unsafe-sysctls``, and the topology
-    manager (zones and policy; None where the check does not run for the node)."""
+    and the node's NodeResourceTopology tell it: ``--allowed-unsafe-sysctls``, the topology
+    manager (zones and policy; None where the check does not run for the node), and the threads
+    per core where the CPU manager runs with ``full-pcpus-only`` (0: not declared)."""
 
     unsafe_sysctls: tuple[str, ...] = ()
     topology: NodeTopology | None = None
+    smt_threads: int = 0
 
     @classmethod
     def published(cls, node: Node) -> KubeletConfig:
-        """No config: no unsafe sysctls, and the topology manager as the node's NRT says."""
+        """No config: no unsafe sysctls, the topology manager as the node's NRT says, no SMT rule."""
         return cls((), node.topology)
 
 
@@ -77,7 +80,7 @@ class Check:
 KUBELET_CHECKS = (
     Check("eviction manager", (EVICTED,), node_pressure),
     Check("sysctl allowlist", (SYSCTL_FORBIDDEN,), forbidden_sysctl),
-    Check("topology manager", (TOPOLOGY_AFFINITY_ERROR,), topology_affinity, alone=True),
+    Check("topology manager", (TOPOLOGY_AFFINITY_ERROR, SMT_ALIGNMENT_ERROR), topology_affinity, alone=True),
     Check("OS label", (POD_OS_SELECTOR_NODE_LABEL_DOES_NOT_MATCH,), os_label_mismatch),
     Check("OS field", (POD_OS_NOT_SUPPORTED,), os_field_mismatch),
     Check(

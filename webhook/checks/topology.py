@@ -19,7 +19,7 @@ from typing import Any
 
 from ..kube.numa import REFUSING_POLICIES, SINGLE_NUMA_NODE, Hints, admit, count_hints, memory_hints
 from ..kube.quantity import format_amount
-from ..kube.reasons import TOPOLOGY_AFFINITY_ERROR
+from ..kube.reasons import SMT_ALIGNMENT_ERROR, TOPOLOGY_AFFINITY_ERROR
 from ..kube.resources import (
     ResourceVector,
     container_requests,
@@ -66,20 +66,54 @@ class Unit:
 
 
 def topology_affinity(pod, node, usage=None, kubelet=None) -> Failure | None:
-    """``topologymanager.scope.Admit`` for the policies that can refuse: the first unit whose
-    hints the policy cannot merge into a preferred one refuses the whole pod."""
+    """``topologymanager.scope.Admit``: per unit, the merge of the policies that can refuse (the
+    first unit the policy cannot merge into a preferred hint refuses the whole pod), then the
+    providers' ``Allocate`` for its containers, where the CPU manager's ``full-pcpus-only``
+    refuses with ``SMTAlignmentError`` (topology-admission-spec §9; only where the config
+    declares it, with the threads per core)."""
     topology: NodeTopology | None = kubelet.topology if kubelet is not None else None
+    threads = kubelet.smt_threads if kubelet is not None else 0
+    cpus = _exclusive_cpus(pod.spec) if threads else []
     if topology is None or topology.policy not in REFUSING_POLICIES or not topology.zones:
-        return None
+        return smt_alignment(cpus, threads)  # scope_none / best-effort: Allocate every container
     zones = ZoneState.of(topology)
-    for unit in units(pod.spec, topology):
-        if unit.empty:
-            continue  # every provider returns nil: {nil, true}
-        ok, mask = admit(topology.policy, zones.hints(unit), zones.all)
-        if not ok:
-            return Failure(TOPOLOGY_AFFINITY_ERROR, MESSAGE, zones.detail(unit, topology))
-        zones.allocate(unit, mask)
+    pod_scope = topology.effective_scope == POD_SCOPE
+    for i, unit in enumerate(units(pod.spec, topology)):
+        if not unit.empty:  # else every provider returns nil: {nil, true}
+            ok, mask = admit(topology.policy, zones.hints(unit), zones.all)
+            if not ok:
+                return Failure(TOPOLOGY_AFFINITY_ERROR, MESSAGE, zones.detail(unit, topology))
+            zones.allocate(unit, mask)
+        failure = smt_alignment(cpus if pod_scope else cpus[i : i + 1], threads)
+        if failure is not None:
+            return failure
     return None
+
+
+def smt_alignment(cpus: list[tuple[str, str, int]], threads: int) -> Failure | None:
+    """``staticPolicy.Allocate`` with ``full-pcpus-only``: a container's exclusive CPUs must be
+    whole cores. Its other refusal (not enough free physical CPUs) needs the cores' state, which
+    no API object shows: not predicted."""
+    for kind, name, count in cpus:
+        if count and count % threads:
+            return Failure(
+                SMT_ALIGNMENT_ERROR,
+                f"SMT Alignment Error: requested {count} cpus not multiple cpus per core = {threads}",
+                f"the node's kubelet runs the CPU manager with full-pcpus-only and {threads} threads per "
+                f"core: {kind} {name!r} must ask for a multiple of {threads} CPUs",
+            )
+    return None
+
+
+def _exclusive_cpus(spec: Mapping[str, Any]) -> list[tuple[str, str, int]]:
+    """Each container's exclusive CPUs, in admission order (``guaranteedCPUs``: Guaranteed pods
+    without pod-level resources, whole CPUs only; 0 for the others)."""
+    guaranteed = qos_class(spec) == "Guaranteed" and not _pod_level_resources(spec)
+    found = []
+    for kind, container, where in _containers(spec):
+        cpu = container_requests(container, where).get(CPU, 0) if guaranteed else 0
+        found.append((kind, str(container.get("name") or ""), cpu // 1000 if cpu % 1000 == 0 else 0))
+    return found
 
 
 def units(spec: Mapping[str, Any], topology: NodeTopology) -> list[Unit]:

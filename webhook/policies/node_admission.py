@@ -89,6 +89,7 @@ class TopologyPool:
     scope: str | None = None
     cpu_manager: str | None = None
     memory_manager: str | None = None
+    smt_threads: int = 0  # threads per core, where the CPU manager runs with full-pcpus-only
 
     def applies_to(self, labels: Mapping[str, str]) -> bool:
         return all(labels.get(key) == value for key, value in self.node_selector)
@@ -116,12 +117,21 @@ class TopologyConfig:
     enabled: bool = True
     pools: tuple[TopologyPool, ...] = ()
 
+    def pool(self, node: Node) -> TopologyPool | None:
+        """The first pool whose ``nodeSelector`` matches the node."""
+        return next((p for p in self.pools if p.applies_to(node.labels)), None)
+
     def for_node(self, node: Node) -> NodeTopology | None:
         """The node's topology manager as the check sees it; None where it does not run."""
         if not self.enabled or node.topology is None:
             return None
-        pool = next((p for p in self.pools if p.applies_to(node.labels)), None)
+        pool = self.pool(node)
         return pool.apply(node.topology) if pool is not None else node.topology
+
+    def smt_threads(self, node: Node) -> int:
+        """Threads per core where the node's pool declares ``full-pcpus-only`` (0: not declared)."""
+        pool = self.pool(node) if self.enabled else None
+        return pool.smt_threads if pool is not None else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +144,11 @@ class NodeAdmissionConfig:
 
     def kubelet_for(self, node: Node) -> KubeletConfig:
         """What this config says of ``node``'s kubelet, for ``kubelet_admission``."""
-        return KubeletConfig(self.unsafe_sysctls_for(node.labels), self.topology.for_node(node))
+        return KubeletConfig(
+            self.unsafe_sysctls_for(node.labels),
+            self.topology.for_node(node),
+            self.topology.smt_threads(node),
+        )
 
     def unsafe_sysctls_for(self, labels: Mapping[str, str]) -> tuple[str, ...]:
         """The unsafe sysctls the kubelet of a node with these labels allows."""
@@ -224,7 +238,7 @@ def _on_off(reader: Reader, value: Any, where: str) -> bool:
 
 def _topology_pool(reader: Reader, data: Any, where: str) -> TopologyPool:
     keys = {"nodeSelector", "topologyManagerPolicy", "topologyManagerScope", "cpuManagerPolicy"}
-    data = reader.mapping(data, where, keys | {"memoryManagerPolicy"})
+    data = reader.mapping(data, where, keys | {"memoryManagerPolicy", "fullPCPUsOnly", "threadsPerCore"})
     selector = reader.mapping(data.get("nodeSelector") or {}, f"{where}.nodeSelector")
     if not all(isinstance(v, str) for v in selector.values()):
         reader.fail(f"{where}.nodeSelector", "label values must be strings")
@@ -240,12 +254,28 @@ def _topology_pool(reader: Reader, data: Any, where: str) -> TopologyPool:
         return folded
 
     return TopologyPool(
+        smt_threads=_smt_threads(reader, data, where),
         node_selector=tuple((str(k), str(v)) for k, v in selector.items()),
         policy=choice("topologyManagerPolicy", POLICIES),
         scope=choice("topologyManagerScope", SCOPES),
         cpu_manager=choice("cpuManagerPolicy", MANAGER_POLICIES, fold=True),
         memory_manager=choice("memoryManagerPolicy", MANAGER_POLICIES, fold=True),
     )
+
+
+def _smt_threads(reader: Reader, data: Mapping[str, Any], where: str) -> int:
+    """``fullPCPUsOnly: true`` (the CPU manager option ``full-pcpus-only``) with ``threadsPerCore``."""
+    full = data.get("fullPCPUsOnly", False)
+    threads = data.get("threadsPerCore")
+    if not isinstance(full, bool):
+        reader.fail(f"{where}.fullPCPUsOnly", "must be true or false")
+        return 0
+    if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
+        reader.fail(f"{where}.threadsPerCore", "must be a whole number of threads, at least 1")
+        return 0
+    if full and threads is None:
+        reader.fail(f"{where}.threadsPerCore", "is required with fullPCPUsOnly (the node's threads per core)")
+    return threads if full and threads else 0
 
 
 def _unsafe_sysctls(reader: Reader, data: Any, where: str) -> UnsafeSysctls:
