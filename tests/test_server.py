@@ -63,7 +63,7 @@ def test_admission_examples_match_the_workload_manifests():
 
 # Reviews of a subresource, and what the server says of them on the example cluster.
 SUBRESOURCE_EXAMPLES = {
-    "binding-notebook-to-volcano-gpu-node": ["MixedDeviceScheduler"],
+    "binding-notebook-to-volcano-gpu-node": ["MixedDeviceScheduler", "OutOfnvidia.com/gpu"],
     "resourceclaim-status-device-taken": ["DeviceAlreadyAllocated"],
 }
 
