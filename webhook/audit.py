@@ -222,7 +222,9 @@ def _pinned(workload: Workload, template: PinnedTemplate, state: ClusterState, c
     [policy_finding] = pinned_node_name.findings(review, state, config.node_admission, owners)
     node_name = str(template.shape.spec.get("nodeName"))
     node = state.nodes.get(node_name)
-    rejects = node is None or bool(kubelet_admission(template.pod, node, state.usage(node.name)))
+    rejects = node is None or bool(
+        kubelet_admission(template.pod, node, state.usage(node.name), config.node_admission.kubelet_for(node))
+    )
     count = workload.replicas
     if template.where:  # a custom resource: the replicas beside this template
         count = pinned_node_name.replicas(template.obj, template.shape.path) or 1

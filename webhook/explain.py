@@ -22,6 +22,7 @@ from .checks.placement import placement, unpinned
 from .checks.scheduler import AFFINITY, PORTS, UNSCHEDULABLE, tolerations_of
 from .config import Config
 from .dryrun import check_api_rules, judge_documents
+from .kube.reasons import TOPOLOGY_AFFINITY_ERROR
 from .manifests import ManifestError
 from .policies import device_scheduler
 from .policies.device_scheduler import REASON as MIXED
@@ -58,6 +59,9 @@ class NodeVerdict:
     admit: bool
     reasons: tuple[str, ...]
     scheduler: tuple[str, ...] = ()
+    # The guard's words where the kubelet's reason alone does not say what is short: the topology
+    # manager's policy, the container or pod it could not align, and each zone's free amounts.
+    zones: str = ""
 
     @property
     def fits(self) -> bool:
@@ -71,7 +75,7 @@ class NodeVerdict:
         """Both views, each said only where it has something to say."""
         if self.fits:
             return ""
-        kubelet = ", ".join(self.reasons)
+        kubelet = ", ".join(self.reasons) + (f" ({self.zones})" if self.zones else "")
         scheduler = "; ".join(self.scheduler)
         if not self.scheduler:
             return f"kubelet: {kubelet} (the scheduler would place it here)"
@@ -128,6 +132,7 @@ class Explanation:
                     "admit": v.admit,
                     "reasons": list(v.reasons),
                     "scheduler": list(v.scheduler),
+                    **({"zones": v.zones} if v.zones else {}),
                 }
                 for v in self.nodes
             ]
@@ -160,6 +165,7 @@ def explain(
                 not p.kubelet,
                 tuple(f.reason for f in p.kubelet),
                 (*p.scheduler, *_owned(owners, node, template.scheduler)),
+                _zones(p.kubelet),
             )
             for node_name, node in sorted(state.nodes.items())
             for p in (placement(pod, node, state, config.node_admission, tolerations, namespace),)
@@ -167,6 +173,11 @@ def explain(
         kind = shape.kind if not shape.is_template else str(obj.get("kind"))
         explained.append(Explanation(kind, namespace, name, nodes, template.where))
     return explained
+
+
+def _zones(failures) -> str:
+    """The topology manager's detail, when it is the kubelet's (only) refusal."""
+    return next((f.hint for f in failures if f.reason == TOPOLOGY_AFFINITY_ERROR), "")
 
 
 def _owned(owners, node, scheduler: str) -> tuple[str, ...]:

@@ -7,7 +7,7 @@ from ..kube.selectors import matches_node_selector_and_affinity
 from .failure import Failure, predicate_failure
 
 
-def node_affinity_mismatch(pod, node, usage=None, unsafe_sysctls=()) -> Failure | None:
+def node_affinity_mismatch(pod, node, usage=None, kubelet=None) -> Failure | None:
     if matches_node_selector_and_affinity(pod.spec, node.labels, node.name):
         return None
     return predicate_failure(

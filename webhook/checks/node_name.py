@@ -6,7 +6,7 @@ from ..kube.reasons import NODE_NAME
 from .failure import Failure, predicate_failure
 
 
-def node_name_mismatch(pod, node, usage=None, unsafe_sysctls=()) -> Failure | None:
+def node_name_mismatch(pod, node, usage=None, kubelet=None) -> Failure | None:
     wanted = pod.spec.get("nodeName")
     if not wanted or wanted == node.name:
         return None

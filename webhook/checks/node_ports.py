@@ -7,7 +7,7 @@ from ..kube.reasons import NODE_PORTS
 from .failure import Failure, predicate_failure
 
 
-def host_port_conflict(pod, node, usage, unsafe_sysctls=()) -> Failure | None:
+def host_port_conflict(pod, node, usage, kubelet=None) -> Failure | None:
     taken = [p for p in pod.record.host_ports if port_conflicts(p, usage.host_ports)]
     if not taken:
         return None

@@ -10,7 +10,7 @@ from .failure import Failure
 _MEMORY_PRESSURE_TAINT = Taint("node.kubernetes.io/memory-pressure", "", "NoSchedule")
 
 
-def node_pressure(pod, node, usage=None, unsafe_sysctls=()) -> Failure | None:
+def node_pressure(pod, node, usage=None, kubelet=None) -> Failure | None:
     """Reject non-critical pods on a node under pressure, as the eviction manager does.
 
     Under MemoryPressure alone only BestEffort pods without a memory-pressure toleration are

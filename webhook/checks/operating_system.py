@@ -9,7 +9,7 @@ from .failure import Failure
 OS_LABEL = "kubernetes.io/os"
 
 
-def os_label_mismatch(pod, node, usage=None, unsafe_sysctls=()) -> Failure | None:
+def os_label_mismatch(pod, node, usage=None, kubelet=None) -> Failure | None:
     """The pod's ``kubernetes.io/os`` *label* must name the node's real OS."""
     wanted = (pod.metadata.get("labels") or {}).get(OS_LABEL)
     if wanted is None or wanted == node.operating_system:
@@ -21,7 +21,7 @@ def os_label_mismatch(pod, node, usage=None, unsafe_sysctls=()) -> Failure | Non
     )
 
 
-def os_field_mismatch(pod, node, usage=None, unsafe_sysctls=()) -> Failure | None:
+def os_field_mismatch(pod, node, usage=None, kubelet=None) -> Failure | None:
     """``spec.os.name`` must name the node's real OS."""
     os_field = pod.spec.get("os")
     if not isinstance(os_field, dict) or os_field.get("name") in (None, node.operating_system):

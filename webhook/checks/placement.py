@@ -18,17 +18,18 @@ from ..kube.resources import is_extended_resource
 from ..state.model import ClusterState, Node
 from .dynamic_resources import dynamic_resources
 from .failure import Failure
-from .kubelet import PodUnderReview, kubelet_admission
+from .kubelet import KubeletConfig, PodUnderReview, kubelet_admission
 from .scheduler import placeable, scheduler_filters
 
 MESSAGE_SCAN = 32  # nodes examined for a denial message
 MESSAGE_NAMES = 3  # nodes named in it
 
 
-class SysctlAllowlists(Protocol):
-    """Which unsafe sysctls each node's kubelet allows (``nodeAdmission``'s settings)."""
+class KubeletSettings(Protocol):
+    """What each node's kubelet runs with (``nodeAdmission``'s settings): unsafe sysctls, the
+    topology manager."""
 
-    def unsafe_sysctls_for(self, labels: Mapping[str, str]) -> tuple[str, ...]: ...
+    def kubelet_for(self, node: Node) -> KubeletConfig: ...
 
 
 def unpinned(pod: PodUnderReview) -> PodUnderReview:
@@ -39,11 +40,11 @@ def unpinned(pod: PodUnderReview) -> PodUnderReview:
 
 
 def verdict(
-    pod: PodUnderReview, node: Node, state: ClusterState, config: SysctlAllowlists | None = None
+    pod: PodUnderReview, node: Node, state: ClusterState, config: KubeletSettings | None = None
 ) -> list[Failure]:
     """Every reason the kubelet on ``node`` would reject ``pod`` (empty: it would admit it)."""
-    unsafe = config.unsafe_sysctls_for(node.labels) if config is not None else ()
-    return kubelet_admission(pod, node, state.usage(node.name), unsafe)
+    kubelet = config.kubelet_for(node) if config is not None else None
+    return kubelet_admission(pod, node, state.usage(node.name), kubelet)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +65,7 @@ def placement(
     pod: PodUnderReview,
     node: Node,
     state: ClusterState,
-    config: SysctlAllowlists | None = None,
+    config: KubeletSettings | None = None,
     tolerations: list | None = None,
     namespace: str = "default",
 ) -> Placement:
@@ -81,7 +82,7 @@ def fits(
     pod: PodUnderReview,
     node: Node,
     state: ClusterState,
-    config: SysctlAllowlists | None = None,
+    config: KubeletSettings | None = None,
     tolerations: list | None = None,
     namespace: str = "default",
 ) -> bool:
@@ -123,7 +124,7 @@ def candidates(
     state: ClusterState,
     *,
     skip: Iterable[str] = (),
-    config: SysctlAllowlists | None = None,
+    config: KubeletSettings | None = None,
     tolerations: list | None = None,
     namespace: str = "default",
     refused: Callable[[Node], bool] | None = None,

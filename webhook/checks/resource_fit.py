@@ -37,7 +37,7 @@ def _insufficient(name: str, requested: int, used: int, capacity: int, node: str
     )
 
 
-def insufficient_resources(pod, node, usage, unsafe_sysctls=()) -> list[Failure]:
+def insufficient_resources(pod, node, usage, kubelet=None) -> list[Failure]:
     """Every resource the node cannot fit, in kubelet order: pods, cpu, memory, storage, scalars."""
     requests, allocatable, used = pod.record.requests, node.allocatable, usage.requested
     failures = []

@@ -6,7 +6,7 @@ from ..kube.reasons import SUPPLEMENTAL_GROUPS_POLICY_NOT_SUPPORTED
 from .failure import Failure
 
 
-def supplemental_groups_unsupported(pod, node, usage=None, unsafe_sysctls=()) -> Failure | None:
+def supplemental_groups_unsupported(pod, node, usage=None, kubelet=None) -> Failure | None:
     """``supplementalGroupsPolicy: Strict`` needs ``status.features.supplementalGroupsPolicy``."""
     security_context = pod.spec.get("securityContext") or {}
     if security_context.get("supplementalGroupsPolicy") != "Strict" or node.supplemental_groups_policy:

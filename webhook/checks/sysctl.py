@@ -30,11 +30,13 @@ def pod_sysctls(spec) -> list[str]:
     return [s["name"] for s in sysctls if isinstance(s, dict) and isinstance(s.get("name"), str)]
 
 
-def forbidden_sysctl(pod, node, usage=None, unsafe_sysctls: tuple[str, ...] = ()) -> Failure | None:
-    """``patternAllowlist.Admit``: the first sysctl this node's kubelet would refuse."""
+def forbidden_sysctl(pod, node, usage=None, kubelet=None) -> Failure | None:
+    """``patternAllowlist.Admit``: the first sysctl this node's kubelet would refuse;
+    ``kubelet``: its ``KubeletConfig`` (the allowed unsafe sysctls)."""
     names = pod_sysctls(pod.spec)
     if not names:
         return None
+    unsafe_sysctls = kubelet.unsafe_sysctls if kubelet is not None else ()
     linux = node.operating_system == "linux"
     allowlist = node_allowlist(node.kubelet_version, node.kernel_version, unsafe_sysctls, linux)
     host_network, host_ipc = pod.spec.get("hostNetwork") is True, pod.spec.get("hostIPC") is True

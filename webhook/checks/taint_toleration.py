@@ -10,7 +10,7 @@ from .failure import Failure, predicate_failure
 _NO_EXECUTE = frozenset({"NoExecute"})
 
 
-def untolerated_no_execute_taint(pod, node, usage=None, unsafe_sysctls=()) -> Failure | None:
+def untolerated_no_execute_taint(pod, node, usage=None, kubelet=None) -> Failure | None:
     taint = untolerated_taint(node.taints, pod.spec.get("tolerations"), _NO_EXECUTE)
     if taint is None:
         return None

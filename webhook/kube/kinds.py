@@ -151,6 +151,12 @@ _REMOVED: dict[tuple[str, str], str] = {
 }
 _GONE = {"PodSecurityPolicy": "1.25"}  # kinds removed altogether
 
+# Custom resources the guard reads from cluster snapshots and the API (not built in: their CRD
+# decides what ``api_problem`` says of them). NodeResourceTopology: the exporters' per-node NUMA
+# view (NRT-API ``pkg/apis/topology/v1alpha2``), the topology manager check's input.
+NODE_RESOURCE_TOPOLOGY = Kind("NodeResourceTopology", "topology.node.k8s.io", ("v1alpha2",), False)
+READ_CUSTOM_KINDS = {NODE_RESOURCE_TOPOLOGY.name: NODE_RESOURCE_TOPOLOGY}
+
 
 def api_problem(api_version: str, kind: str) -> tuple[str, str] | None:
     """Why the API server would not know ``kind`` in ``api_version``, as (field, message);

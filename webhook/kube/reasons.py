@@ -12,6 +12,7 @@ EVICTED = "Evicted"
 SYSCTL_FORBIDDEN = "SysctlForbidden"
 # 3. topology manager scope, device/CPU/memory managers (and 4's critical-pod handler).
 TOPOLOGY_AFFINITY_ERROR = "TopologyAffinityError"
+SMT_ALIGNMENT_ERROR = "SMTAlignmentError"  # the CPU manager's Allocate, with full-pcpus-only
 UNEXPECTED_ADMISSION_ERROR = "UnexpectedAdmissionError"
 # 4. predicate handler.
 POD_OS_SELECTOR_NODE_LABEL_DOES_NOT_MATCH = "PodOSSelectorNodeLabelDoesNotMatch"

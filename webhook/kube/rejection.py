@@ -21,6 +21,7 @@ ADMISSION_REASONS = frozenset(
     {
         r.UNEXPECTED_ADMISSION_ERROR,
         r.TOPOLOGY_AFFINITY_ERROR,
+        r.SMT_ALIGNMENT_ERROR,
         r.NODE_AFFINITY,
         r.NODE_NAME,
         r.NODE_PORTS,

@@ -7,19 +7,22 @@ node rejects it and marks it Failed.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from ..checks import kubelet_admission
+from ..checks.kubelet import KubeletConfig
 from ..checks.node_affinity import node_affinity_mismatch
 from ..checks.placement import candidates
 from ..checks.scheduler import SCHEDULING_EFFECTS, tolerations_of
 from ..checks.sysctl import forbidden_sysctl, pod_sysctls
+from ..checks.topology import CPU, is_memory
 from ..globs import matches_any
 from ..kube.reasons import SYSCTL_FORBIDDEN
 from ..kube.sysctls import namespace_of, normalize
 from ..kube.tolerations import untolerated_taint
-from ..state.model import is_mirror
+from ..state.model import Node, is_mirror
+from ..state.topology import POLICIES, SCOPES, NodeTopology
 from . import NO_FIX, POD_FIELDS, Bind, Context, Finding, Mode, Review, device_scheduler, read_mode
 from .device_scheduler import DeviceSchedulerConfig, owned_by_others
 
@@ -70,12 +73,82 @@ class ReservationsConfig:
         return matches_any(resource, self.coordinate if self.coordinate is not None else device_patterns)
 
 
+MANAGER_POLICIES = ("static", "none")  # cpuManagerPolicy; memoryManagerPolicy's Static/None, lowercased
+
+
+@dataclass(frozen=True, slots=True)
+class TopologyPool:
+    """What the operator declares of the kubelets of the nodes ``node_selector`` matches, for
+    exporters that do not publish it (topology-admission-spec §6.3, §10.1): the topology
+    manager's policy and scope (used where the NRT names none), and whether the CPU and memory
+    managers are static (``none`` drops the resource from the aligned ones, whatever the zones
+    list). None: not declared."""
+
+    node_selector: tuple[tuple[str, str], ...]
+    policy: str | None = None
+    scope: str | None = None
+    cpu_manager: str | None = None
+    memory_manager: str | None = None
+    smt_threads: int = 0  # threads per core, where the CPU manager runs with full-pcpus-only
+
+    def applies_to(self, labels: Mapping[str, str]) -> bool:
+        return all(labels.get(key) == value for key, value in self.node_selector)
+
+    def apply(self, topology: NodeTopology) -> NodeTopology:
+        """The NRT as this pool's kubelets run: what the NRT publishes wins, the pool fills gaps."""
+        resources = {
+            r: amounts
+            for r, amounts in topology.resources.items()
+            if not (r == CPU and self.cpu_manager == "none")
+            and not (is_memory(r) and self.memory_manager == "none")
+        }
+        return replace(
+            topology,
+            policy=topology.policy or self.policy,
+            scope=topology.scope or self.scope,
+            resources=resources,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TopologyConfig:
+    """``nodeAdmission.topology``: the topology manager check, on wherever a node has an NRT."""
+
+    enabled: bool = True
+    pools: tuple[TopologyPool, ...] = ()
+
+    def pool(self, node: Node) -> TopologyPool | None:
+        """The first pool whose ``nodeSelector`` matches the node."""
+        return next((p for p in self.pools if p.applies_to(node.labels)), None)
+
+    def for_node(self, node: Node) -> NodeTopology | None:
+        """The node's topology manager as the check sees it; None where it does not run."""
+        if not self.enabled or node.topology is None:
+            return None
+        pool = self.pool(node)
+        return pool.apply(node.topology) if pool is not None else node.topology
+
+    def smt_threads(self, node: Node) -> int:
+        """Threads per core where the node's pool declares ``full-pcpus-only`` (0: not declared)."""
+        pool = self.pool(node) if self.enabled else None
+        return pool.smt_threads if pool is not None else 0
+
+
 @dataclass(frozen=True, slots=True)
 class NodeAdmissionConfig:
     mode: Mode = Mode.ENFORCE
     unknown_node: str = "deny"
     allowed_unsafe_sysctls: tuple[UnsafeSysctls, ...] = ()
     reservations: ReservationsConfig = field(default_factory=ReservationsConfig)
+    topology: TopologyConfig = field(default_factory=TopologyConfig)
+
+    def kubelet_for(self, node: Node) -> KubeletConfig:
+        """What this config says of ``node``'s kubelet, for ``kubelet_admission``."""
+        return KubeletConfig(
+            self.unsafe_sysctls_for(node.labels),
+            self.topology.for_node(node),
+            self.topology.smt_threads(node),
+        )
 
     def unsafe_sysctls_for(self, labels: Mapping[str, str]) -> tuple[str, ...]:
         """The unsafe sysctls the kubelet of a node with these labels allows."""
@@ -93,7 +166,9 @@ Settings = NodeAdmissionConfig
 
 
 def read_settings(reader: Reader, data: Any, where: str) -> NodeAdmissionConfig:
-    data = reader.mapping(data, where, {"mode", "unknownNode", "allowedUnsafeSysctls", "reservations"})
+    data = reader.mapping(
+        data, where, {"mode", "unknownNode", "allowedUnsafeSysctls", "reservations", "topology"}
+    )
     unknown = data.get("unknownNode", "deny")
     if unknown not in ("deny", "allow"):
         reader.fail(f"{where}.unknownNode", f"{unknown!r} is not one of deny, allow")
@@ -103,6 +178,7 @@ def read_settings(reader: Reader, data: Any, where: str) -> NodeAdmissionConfig:
         mode=mode,
         unknown_node=unknown,
         reservations=_reservations(reader, data.get("reservations") or {}, f"{where}.reservations"),
+        topology=_topology(reader, data.get("topology"), f"{where}.topology"),
         allowed_unsafe_sysctls=tuple(
             _unsafe_sysctls(reader, entry, f"{where}.allowedUnsafeSysctls[{i}]")
             for i, entry in enumerate(entries)
@@ -135,6 +211,71 @@ def _reservations(reader: Reader, data: Any, where: str) -> ReservationsConfig:
         ),
         coordinate=None if coordinate is None else reader.strings(coordinate, f"{where}.coordinate"),
     )
+
+
+def _topology(reader: Reader, data: Any, where: str) -> TopologyConfig:
+    """``topology: off`` (YAML reads a bare off as false), ``on``, or ``{mode, pools}``."""
+    if data is None:
+        return TopologyConfig()
+    if not isinstance(data, Mapping):
+        return TopologyConfig(enabled=_on_off(reader, data, where))
+    data = reader.mapping(data, where, {"mode", "pools"})
+    pools = reader.sequence(data.get("pools") or [], f"{where}.pools")
+    return TopologyConfig(
+        enabled=_on_off(reader, data.get("mode", "on"), f"{where}.mode"),
+        pools=tuple(_topology_pool(reader, p, f"{where}.pools[{i}]") for i, p in enumerate(pools)),
+    )
+
+
+def _on_off(reader: Reader, value: Any, where: str) -> bool:
+    if value in (False, "off"):
+        return False
+    if value in (True, "on"):
+        return True
+    reader.fail(where, f"{value!r} is not one of on, off")
+    return True
+
+
+def _topology_pool(reader: Reader, data: Any, where: str) -> TopologyPool:
+    keys = {"nodeSelector", "topologyManagerPolicy", "topologyManagerScope", "cpuManagerPolicy"}
+    data = reader.mapping(data, where, keys | {"memoryManagerPolicy", "fullPCPUsOnly", "threadsPerCore"})
+    selector = reader.mapping(data.get("nodeSelector") or {}, f"{where}.nodeSelector")
+    if not all(isinstance(v, str) for v in selector.values()):
+        reader.fail(f"{where}.nodeSelector", "label values must be strings")
+
+    def choice(key: str, allowed: tuple[str, ...], fold: bool = False) -> str | None:
+        value = data.get(key)
+        if value is None:
+            return None
+        folded = value.lower() if fold and isinstance(value, str) else value
+        if folded not in allowed:
+            reader.fail(f"{where}.{key}", f"{value!r} is not one of {', '.join(allowed)}")
+            return None
+        return folded
+
+    return TopologyPool(
+        smt_threads=_smt_threads(reader, data, where),
+        node_selector=tuple((str(k), str(v)) for k, v in selector.items()),
+        policy=choice("topologyManagerPolicy", POLICIES),
+        scope=choice("topologyManagerScope", SCOPES),
+        cpu_manager=choice("cpuManagerPolicy", MANAGER_POLICIES, fold=True),
+        memory_manager=choice("memoryManagerPolicy", MANAGER_POLICIES, fold=True),
+    )
+
+
+def _smt_threads(reader: Reader, data: Mapping[str, Any], where: str) -> int:
+    """``fullPCPUsOnly: true`` (the CPU manager option ``full-pcpus-only``) with ``threadsPerCore``."""
+    full = data.get("fullPCPUsOnly", False)
+    threads = data.get("threadsPerCore")
+    if not isinstance(full, bool):
+        reader.fail(f"{where}.fullPCPUsOnly", "must be true or false")
+        return 0
+    if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
+        reader.fail(f"{where}.threadsPerCore", "must be a whole number of threads, at least 1")
+        return 0
+    if full and threads is None:
+        reader.fail(f"{where}.threadsPerCore", "is required with fullPCPUsOnly (the node's threads per core)")
+    return threads if full and threads else 0
 
 
 def _unsafe_sysctls(reader: Reader, data: Any, where: str) -> UnsafeSysctls:
@@ -194,9 +335,7 @@ def check(review: Review, context: Context) -> list[Finding]:
                 node=node_name,
             )
         ]
-    failures = kubelet_admission(
-        review.pod, node, state.usage(node_name), config.unsafe_sysctls_for(node.labels)
-    )
+    failures = kubelet_admission(review.pod, node, state.usage(node_name), config.kubelet_for(node))
     if not failures:
         return []
     elsewhere = fits_elsewhere(review, state, node_name, config, context.config.policy(device_scheduler.NAME))
@@ -216,8 +355,7 @@ def check_bind(bind: Bind, context: Context) -> list[Finding]:
     """The kubelet's admission on the bound node, the binds in flight counted: one finding per
     handler that would refuse the pod."""
     config = context.config.policy(NAME)
-    unsafe = config.unsafe_sysctls_for(bind.node.labels)
-    failures = kubelet_admission(bind.pod, bind.node, bind.usage, unsafe)
+    failures = kubelet_admission(bind.pod, bind.node, bind.usage, config.kubelet_for(bind.node))
     if bind.created:
         who, then = (
             f"created with spec.nodeName by {bind.who or 'an unknown user'}",
@@ -279,7 +417,7 @@ def unschedulable_sysctls(
         for node in state.nodes.values()
         if node_affinity_mismatch(review.pod, node) is None
         and untolerated_taint(node.taints, tolerations, SCHEDULING_EFFECTS) is None
-        for failure in (forbidden_sysctl(review.pod, node, None, config.unsafe_sysctls_for(node.labels)),)
+        for failure in (forbidden_sysctl(review.pod, node, None, config.kubelet_for(node)),)
         if failure is not None
     ]
     if not refused:

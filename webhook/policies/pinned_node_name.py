@@ -117,10 +117,10 @@ def scaled_up(
     if node is None:
         message = f"{scaling}, a node not in the cluster state: no kubelet will run the {added} new pods."
         return [Finding(REASON, message, node=node_name, advisory=True)]
-    unsafe = node_config.unsafe_sysctls_for(node.labels) if node_config is not None else ()
+    kubelet = node_config.kubelet_for(node) if node_config is not None else None
     usage, admitted, failures = state.usage(node_name), 0, []
     for i in range(min(added, SCALE_SIMULATED)):
-        failures = kubelet_admission(review.pod, node, usage, unsafe)
+        failures = kubelet_admission(review.pod, node, usage, kubelet)
         if failures:
             break
         usage = usage.with_pod(dataclasses.replace(review.pod.record, key=f"{review.pod.record.key}#new-{i}"))

@@ -32,6 +32,7 @@ from .storm import StormBreakers
 
 if TYPE_CHECKING:
     from .devices import DeviceIndex
+    from .topology import NodeTopology
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 PRESSURE_CONDITIONS = ("MemoryPressure", "DiskPressure", "PIDPressure")
@@ -87,6 +88,9 @@ class Node:
     kubelet_version: str = ""  # status.nodeInfo: the sysctl safe set depends on both
     kernel_version: str = ""
     unschedulable: bool = False  # spec.unschedulable (cordoned): the scheduler's filter, not the kubelet's
+    # Its NodeResourceTopology (NUMA zones, topology manager policy): what the topology manager
+    # admits with. Set by the state (``ClusterState.set_topology``), never by ``node_from``.
+    topology: NodeTopology | None = None
 
 
 @dataclass(slots=True)
@@ -325,6 +329,7 @@ class ClusterState:
         "pods",
         "revision",
         "storm",
+        "topologies",
     )
 
     def __init__(self, storm: StormBreakers | None = None) -> None:
@@ -342,6 +347,9 @@ class ClusterState:
         # ownership is judged per node, at the moment of the race (a bind), never cluster-wide.
         self._node_devices: dict[str, dict[str, Counter[str]]] = {}
         self._offering: dict[str, set[str]] = {}  # extended resource → nodes that advertise it
+        # Per node, its NodeResourceTopology, kept apart from the Node so that either may come
+        # first; ``set_node`` and ``set_topology`` attach it to the node's record.
+        self.topologies: dict[str, NodeTopology] = {}
         # Bumped by every change: a verdict reached at one revision holds at that revision.
         self.revision = 0
 
@@ -375,6 +383,7 @@ class ClusterState:
         return self._offering.get(resource) or frozenset()
 
     def set_node(self, node: Node) -> None:
+        node.topology = self.topologies.get(node.name)
         old = self.nodes.get(node.name)
         if old == node:
             return  # a heartbeat: nothing a check reads changed
@@ -384,6 +393,24 @@ class ClusterState:
         for resource, amount in node.allocatable.items():
             if amount > 0 and is_extended_resource(resource):
                 self._offering.setdefault(resource, set()).add(node.name)
+        self.revision += 1
+
+    def set_topology(self, name: str, topology: NodeTopology | None) -> None:
+        """Add, replace or (``None``: the object was deleted) remove a node's NodeResourceTopology.
+
+        The seam for the live informer: a watch event of ``noderesourcetopologies`` calls this
+        with ``topology_from(obj)``, as the snapshot loader does.
+        """
+        if topology is None:
+            if self.topologies.pop(name, None) is None:
+                return
+        elif self.topologies.get(name) == topology:
+            return
+        else:
+            self.topologies[name] = topology
+        node = self.nodes.get(name)
+        if node is not None:
+            node.topology = topology
         self.revision += 1
 
     def remove_node(self, name: str) -> None:

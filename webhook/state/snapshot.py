@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, TypeVar
 from ..json_items import NotStreamable
 from ..json_items import list_items as json_list_items
 from ..kube.errors import FieldError
+from ..kube.kinds import NODE_RESOURCE_TOPOLOGY
 from ..kube.timestamps import object_time
 from ..kube.workloads import api_group
 from ..manifests import Document, Location, ManifestError, list_item, manifest_files, read_documents
@@ -27,6 +28,7 @@ from .devices import DeviceIndex
 from .gc_pause import collector_paused
 from .model import TERMINAL_PHASES, ClusterState, node_from, object_key, pod_record
 from .storm import StormBreakers
+from .topology import topology_from
 
 if TYPE_CHECKING:
     from ..config import StormBreakerConfig
@@ -198,11 +200,30 @@ def _build(
                 if state.devices is None:
                     state.devices = DeviceIndex()
                 DRA_KINDS[kind](state.devices, doc.obj)
+            elif kind == NODE_RESOURCE_TOPOLOGY.name and api_group(doc.obj) == NODE_RESOURCE_TOPOLOGY.group:
+                _read_topology(state, doc.obj)
         except FieldError as err:
             problems.append(f"{doc.location}: {kind}: field {err}")
     if problems:
         raise SnapshotError(problems)
     return Snapshot(state, facts)
+
+
+def _read_topology(state: ClusterState, obj: Mapping[str, object]) -> None:
+    """A NodeResourceTopology, attached to its node. A snapshot cannot tell how old the object
+    is against the pods beside it: its ``available`` is taken to count them all (issue 27 item 4,
+    docs/topology.md), so nothing is subtracted from it here."""
+    if obj.get("apiVersion") not in NODE_RESOURCE_TOPOLOGY_VERSIONS:
+        wanted = NODE_RESOURCE_TOPOLOGY.api_version
+        version = obj.get("apiVersion")
+        raise FieldError("apiVersion", f"{version!r} is not a version the guard reads ({wanted})")
+    topology = topology_from(obj)
+    state.set_topology(topology.node, topology)
+
+
+NODE_RESOURCE_TOPOLOGY_VERSIONS = frozenset(
+    f"{NODE_RESOURCE_TOPOLOGY.group}/{version}" for version in NODE_RESOURCE_TOPOLOGY.versions
+)
 
 
 def _streamed_documents(paths: list[str]) -> Iterator[Document | ManifestError]:

@@ -1,0 +1,320 @@
+"""The kubelet's topology manager admit handler: ``TopologyAffinityError`` (topology-admission-spec).
+
+Handler 3 in the kubelet's order (``containerManager.GetAllocateResourcesPodAdmitHandler``), after
+sysctls and before the predicates. With ``restricted`` or ``single-numa-node``, a pod whose CPUs,
+memory, hugepages or devices cannot be aligned on the NUMA zones the policy allows is refused.
+The zones and policy come from the node's NodeResourceTopology (``state.topology``), as the
+guard's config leaves them (``policies.nodeAdmission.topology``); without them nothing is said.
+
+Container scope evaluates init containers then app containers in order, each against what the
+earlier ones left (§4.1, §5.2); pod scope evaluates the pod's totals once (§4.2). The hints and
+their merge are ``kube.numa``'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..kube.numa import REFUSING_POLICIES, SINGLE_NUMA_NODE, Hints, admit, count_hints, memory_hints
+from ..kube.quantity import format_amount
+from ..kube.reasons import SMT_ALIGNMENT_ERROR, TOPOLOGY_AFFINITY_ERROR
+from ..kube.resources import (
+    ResourceVector,
+    container_requests,
+    containers,
+    is_extended_resource,
+    is_sidecar,
+    qos_class,
+)
+from ..state.topology import NodeTopology
+from .failure import Failure
+
+MESSAGE = "Resources cannot be allocated with Topology locality"  # TopologyAffinityError.Error()
+CPU = "cpu"
+MEMORY = "memory"  # the memory manager's one hint list, for memory and hugepages together
+POD_SCOPE = "pod"
+INIT, SIDECAR, APP, POD = "init container", "sidecar", "container", "pod"
+
+
+def is_memory(resource: str) -> bool:
+    return resource == "memory" or resource.startswith("hugepages-")
+
+
+@dataclass(frozen=True, slots=True)
+class Unit:
+    """What one ``Admit`` step aligns: a container (container scope) or the pod (pod scope).
+    ``cpu`` in millicores (whole CPUs only), ``memory`` per memory type, ``devices`` per
+    device-plugin resource; only what a hint provider gives hints for (§5.1)."""
+
+    kind: str
+    name: str
+    cpu: int = 0
+    memory: Mapping[str, int] = field(default_factory=dict)
+    devices: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def empty(self) -> bool:
+        return not self.cpu and not self.memory and not self.devices
+
+    def describe(self) -> str:
+        amounts = {CPU: self.cpu, **self.memory, **self.devices}
+        asked = ", ".join(f"{r} {format_amount(r, a)}" for r, a in amounts.items() if a)
+        who = "the pod" if self.kind == POD else f"{self.kind} {self.name!r}"
+        return f"{who} ({asked})"
+
+
+def topology_affinity(pod, node, usage=None, kubelet=None) -> Failure | None:
+    """``topologymanager.scope.Admit``: per unit, the merge of the policies that can refuse (the
+    first unit the policy cannot merge into a preferred hint refuses the whole pod), then the
+    providers' ``Allocate`` for its containers, where the CPU manager's ``full-pcpus-only``
+    refuses with ``SMTAlignmentError`` (topology-admission-spec §9; only where the config
+    declares it, with the threads per core)."""
+    topology: NodeTopology | None = kubelet.topology if kubelet is not None else None
+    threads = kubelet.smt_threads if kubelet is not None else 0
+    cpus = _exclusive_cpus(pod.spec) if threads else []
+    if topology is None or topology.policy not in REFUSING_POLICIES or not topology.zones:
+        return smt_alignment(cpus, threads)  # scope_none / best-effort: Allocate every container
+    zones = ZoneState.of(topology)
+    pod_scope = topology.effective_scope == POD_SCOPE
+    for i, unit in enumerate(units(pod.spec, topology)):
+        if not unit.empty:  # else every provider returns nil: {nil, true}
+            ok, mask = admit(topology.policy, zones.hints(unit), zones.all)
+            if not ok:
+                return Failure(TOPOLOGY_AFFINITY_ERROR, MESSAGE, zones.detail(unit, topology))
+            zones.allocate(unit, mask)
+        failure = smt_alignment(cpus if pod_scope else cpus[i : i + 1], threads)
+        if failure is not None:
+            return failure
+    return None
+
+
+def smt_alignment(cpus: list[tuple[str, str, int]], threads: int) -> Failure | None:
+    """``staticPolicy.Allocate`` with ``full-pcpus-only``: a container's exclusive CPUs must be
+    whole cores. Its other refusal (not enough free physical CPUs) needs the cores' state, which
+    no API object shows: not predicted."""
+    for kind, name, count in cpus:
+        if count and count % threads:
+            return Failure(
+                SMT_ALIGNMENT_ERROR,
+                f"SMT Alignment Error: requested {count} cpus not multiple cpus per core = {threads}",
+                f"the node's kubelet runs the CPU manager with full-pcpus-only and {threads} threads per "
+                f"core: {kind} {name!r} must ask for a multiple of {threads} CPUs",
+            )
+    return None
+
+
+def _exclusive_cpus(spec: Mapping[str, Any]) -> list[tuple[str, str, int]]:
+    """Each container's exclusive CPUs, in admission order (``guaranteedCPUs``: Guaranteed pods
+    without pod-level resources, whole CPUs only; 0 for the others)."""
+    guaranteed = qos_class(spec) == "Guaranteed" and not _pod_level_resources(spec)
+    found = []
+    for kind, container, where in _containers(spec):
+        cpu = container_requests(container, where).get(CPU, 0) if guaranteed else 0
+        found.append((kind, str(container.get("name") or ""), cpu // 1000 if cpu % 1000 == 0 else 0))
+    return found
+
+
+def units(spec: Mapping[str, Any], topology: NodeTopology) -> list[Unit]:
+    """The admit steps: every container in order (init, then app), or the pod once (§4)."""
+    aligned = set(topology.resources)
+    guaranteed = qos_class(spec) == "Guaranteed" and not _pod_level_resources(spec)
+    memory_manager = any(is_memory(r) for r in aligned)
+    steps = [
+        _container_unit(kind, c, field, guaranteed, aligned, memory_manager)
+        for kind, c, field in _containers(spec)
+    ]
+    if topology.effective_scope != POD_SCOPE:
+        return steps
+    return [_pod_unit(steps)]
+
+
+def _containers(spec: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any], str]]:
+    found = [
+        (SIDECAR if is_sidecar(c) else INIT, c, f"spec.initContainers[{i}]")
+        for i, c in enumerate(containers(spec, "initContainers"))
+    ]
+    return found + [(APP, c, f"spec.containers[{i}]") for i, c in enumerate(containers(spec, "containers"))]
+
+
+def _pod_level_resources(spec: Mapping[str, Any]) -> bool:
+    """``IsPodLevelResourcesSet``: such pods get no CPU or memory hints (§2.1, §2.2)."""
+    resources = spec.get("resources")
+    if not isinstance(resources, Mapping):
+        return False
+    return any(
+        r == CPU or is_memory(r)
+        for key in ("requests", "limits")
+        if isinstance(resources.get(key), Mapping)
+        for r in resources[key]
+    )
+
+
+def _container_unit(
+    kind: str,
+    container: Mapping[str, Any],
+    field: str,
+    guaranteed: bool,
+    aligned: set[str],
+    memory_manager: bool,
+) -> Unit:
+    """One container's aligned requests (§5.1): integer CPUs and memory types of a Guaranteed
+    pod (``guaranteedCPUs``, ``getRequestedResources``), device-plugin resources for any QoS."""
+    requests: ResourceVector = container_requests(container, field)
+    cpu = requests.get(CPU, 0)
+    whole_cpu = cpu if guaranteed and CPU in aligned and cpu % 1000 == 0 else 0
+    memory = (
+        {r: a for r, a in requests.items() if is_memory(r) and a > 0} if guaranteed and memory_manager else {}
+    )
+    devices = {r: a for r, a in requests.items() if a > 0 and r in aligned and is_extended_resource(r)}
+    return Unit(kind, str(container.get("name") or ""), whole_cpu, memory, devices)
+
+
+def _pod_unit(steps: list[Unit]) -> Unit:
+    """The pod scope's request: per resource, the larger of the app containers plus sidecars and
+    the peak of each init container over the sidecars before it (``podGuaranteedCPUs``,
+    ``getPodRequestedResources``, ``getPodDeviceRequest``). Memory types only init containers ask
+    for are dropped, as ``getPodRequestedResources`` iterates the app containers' types."""
+
+    def total(of) -> dict[str, int]:
+        long_running: dict[str, int] = {}
+        sidecars: dict[str, int] = {}
+        init_peak: dict[str, int] = {}
+        for unit in steps:
+            amounts = of(unit)
+            if unit.kind == INIT:
+                for r, a in amounts.items():
+                    init_peak[r] = max(init_peak.get(r, 0), sidecars.get(r, 0) + a)
+                continue
+            for r, a in amounts.items():
+                long_running[r] = long_running.get(r, 0) + a
+                if unit.kind == SIDECAR:
+                    sidecars[r] = sidecars.get(r, 0) + a
+        return {r: max(a, long_running.get(r, 0)) for r, a in {**long_running, **init_peak}.items()}
+
+    apps = {r for unit in steps if unit.kind != INIT for r in unit.memory}
+    memory = {r: a for r, a in total(lambda u: u.memory).items() if r in apps and a > 0}
+    cpu = total(lambda u: {CPU: u.cpu}).get(CPU, 0)
+    devices = {r: a for r, a in total(lambda u: u.devices).items() if a > 0}
+    return Unit(POD, "", cpu, memory, devices)
+
+
+@dataclass(slots=True)
+class ZoneState:
+    """The node's free amounts per zone while the pod's units are admitted one by one, and what
+    this pod's regular init containers hold for later ones to reuse (§5.2): CPUs and devices as
+    (zones, amount), memory per exact mask (``getPodReusableMemory``)."""
+
+    topology: NodeTopology
+    free: dict[str, list[int]]
+    reuse: dict[str, tuple[int, int]] = field(default_factory=dict)
+    memory_reuse: dict[int, dict[str, int]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, topology: NodeTopology) -> ZoneState:
+        return cls(topology, {r: list(z.available) for r, z in topology.resources.items()})
+
+    @property
+    def all(self) -> int:
+        return (1 << len(self.topology.zones)) - 1
+
+    def _amounts(self, resource: str, key: str) -> tuple[int, ...]:
+        zone = self.topology.resources.get(resource)
+        return getattr(zone, key) if zone is not None else (0,) * len(self.topology.zones)
+
+    def _free(self, resource: str) -> list[int]:
+        return self.free.get(resource) or [0] * len(self.topology.zones)
+
+    def hints(self, unit: Unit) -> dict[str, Hints]:
+        """Every provider's hints for ``unit``, by resource (memory types as one list)."""
+        found: dict[str, Hints] = {}
+        if unit.cpu:
+            cpu = self.topology.resources[CPU]
+            reusable = self.reuse.get(CPU, (0, 0))
+            found[CPU] = count_hints(cpu.listed, cpu.capacity, self._free(CPU), unit.cpu, reusable)
+        if unit.memory:
+            found[MEMORY] = memory_hints(
+                self.all,
+                {t: self._amounts(t, "allocatable") for t in unit.memory},
+                {t: self._free(t) for t in unit.memory},
+                unit.memory,
+                self.memory_reuse,
+            )
+        for resource, amount in unit.devices.items():
+            found[resource] = count_hints(
+                self.all,
+                self._amounts(resource, "capacity"),
+                self._free(resource),
+                amount,
+                self.reuse.get(resource, (0, 0)),
+            )
+        return found
+
+    def allocate(self, unit: Unit, mask: int) -> None:
+        """What the providers' ``Allocate`` takes for an admitted container, on ``mask``: this
+        pod's reusable amounts first, then the zones' free amounts, lowest zone first (the exact
+        CPUs of a multi-zone result are ``takeByTopology``'s: §7 notes)."""
+        if unit.kind == POD:
+            return  # pod scope: one step, nothing after it to see what it took
+        for resource, amount in ((CPU, unit.cpu), *unit.devices.items()):
+            if amount:
+                self._take_counted(resource, amount, mask, unit.kind)
+        for resource, amount in unit.memory.items():
+            self._take_memory(resource, amount, mask, unit.kind)
+
+    def _take_counted(self, resource: str, amount: int, mask: int, kind: str) -> None:
+        """``updateCPUsToReuse`` / ``devicesToReuse``: a regular init container's allocation is
+        added to what the pod can reuse; sidecars and app containers consume it."""
+        zones, held = self.reuse.get(resource, (0, 0))
+        reused = min(held, amount)
+        taken = self._take(resource, amount - reused, mask)
+        if kind == INIT:
+            self.reuse[resource] = (zones | taken, held + amount - reused)
+        else:
+            self.reuse[resource] = (zones if held - reused else 0, held - reused)
+
+    def _take_memory(self, resource: str, amount: int, mask: int, kind: str) -> None:
+        """``Allocate`` then ``updatePodReusableMemory``: an init container's block is reusable on
+        exactly its mask; later containers on that mask take it before free memory."""
+        held = self.memory_reuse.get(mask, {}).get(resource, 0)
+        self._take(resource, max(0, amount - held), mask)
+        on_mask = self.memory_reuse.setdefault(mask, {})
+        if kind == INIT:
+            on_mask[resource] = max(held, amount)
+        elif held:
+            on_mask[resource] = max(0, held - amount)
+
+    def _take(self, resource: str, amount: int, mask: int) -> int:
+        """Subtract ``amount`` from the zones of ``mask``, lowest first; the zones it came from."""
+        free = self.free.setdefault(resource, [0] * len(self.topology.zones))
+        used = 0
+        for i in range(len(free)):
+            if amount <= 0:
+                break
+            if mask >> i & 1 and free[i] > 0:
+                took = min(free[i], amount)
+                free[i] -= took
+                amount -= took
+                used |= 1 << i
+        return used
+
+    def detail(self, unit: Unit, topology: NodeTopology) -> str:
+        """The guard's words: the policy, what could not be aligned, and each zone's free amount
+        of each resource it asked for."""
+        asked = [CPU] if unit.cpu else []
+        asked += [*unit.memory, *unit.devices]
+        zones = "; ".join(
+            f"{topology.zone_name(i)}: "
+            + ", ".join(f"{r} {format_amount(r, self._free(r)[i])}" for r in asked)
+            for i in range(len(topology.zones))
+        )
+        where = (
+            "one NUMA zone"
+            if topology.policy == SINGLE_NUMA_NODE
+            else "one set of NUMA zones as narrow as each resource needs"
+        )
+        return (
+            f"topology manager policy {topology.policy}, scope {topology.effective_scope}: "
+            f"{unit.describe()} cannot be aligned on {where}; free per zone: {zones}"
+        )
