@@ -250,5 +250,5 @@ class Box:
         return Outcome(
             scenario, arm, seconds, self.setting.wanted, api.list("pods"), api.list("resourceclaims"),
             api.list("replicasets"), list(self.refused), list(api.events), counts, running_at,
-            [c.seconds * 1000 for c in calls], writes, calls, phases,
+            [c.seconds * 1000 for c in calls if c.outcome in ("allowed", "denied")], writes, calls, phases,
         )  # fmt: skip

@@ -35,6 +35,7 @@ from .kube import POD_SLOT, allocatable, is_active, pod_requests
 from .webhooks import Denied
 
 UNEXPECTED = "UnexpectedAdmissionError"
+SYNC_BACKOFF = 10.0  # pod_workers.go backOffPeriod: a pod whose sync failed is retried this much later
 
 
 class Kubelet:
@@ -52,6 +53,7 @@ class Kubelet:
         self.handled: set[str] = set()
         self.unprepared: set[str] = set()  # admitted pods whose claims are not prepared yet
         self.rejections = Counter()  # reason → pods
+        self.retry_at: dict[str, float] = {}  # pod uid → next SyncPod after a failed prepare
         self.running_at: dict[str, float] = {}  # pod uid → when it was set Running (monotonic)
 
     def adopt(self, pods: list[dict[str, Any]]) -> None:
@@ -77,9 +79,14 @@ class Kubelet:
                 continue
             self._admit(pod)
             self.unprepared.add(pod["metadata"]["uid"])
+        now = time.monotonic()
         for uid in sorted(self.unprepared):
             pod = self.cache.objects["pods"].get(uid)
-            if pod is not None and self._prepare(pod):
+            if pod is None or self.retry_at.get(uid, 0.0) > now:
+                continue
+            if not self._prepare(pod):
+                self.retry_at[uid] = now + SYNC_BACKOFF
+            else:
                 self.unprepared.discard(uid)
                 self._set_status(
                     pod, {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}

@@ -41,7 +41,7 @@ class Scale:
     seconds: float
 
 
-SCALES = {"small": Scale(nodes=3, replicas=3, seconds=3.5), "full": Scale(nodes=8, replicas=10, seconds=15.0)}
+SCALES = {"small": Scale(nodes=3, replicas=3, seconds=3.0), "full": Scale(nodes=8, replicas=10, seconds=15.0)}
 
 
 # -- objects ------------------------------------------------------------------------------------
@@ -183,17 +183,19 @@ def guard_outage(scale: Scale, lag: float) -> tuple[Setting, Callable[[Box], Non
     setting = _gpu_cluster(scale, lag, pools=("a", "b"))
 
     def play(box: Box) -> None:
+        phase = max(scale.seconds / 2, lag + 1.0)  # long enough for the binds and the kubelets
         if box.guard is not None:
             box.guard.stop()
         box.create("deployments", deployment("pinned", 1, pod_spec({"cpu": "1"}, nodeName="gpu-a1")))
+        started = time.monotonic() - box.started
         _gpu_burst(box, scale, "a")
-        box.until(scale.seconds / 2)
+        box.until(started + phase)
         box.mark("outage")
         if box.guard is not None:
             box.guard.start()
         started = time.monotonic() - box.started
         _gpu_burst(box, scale, "b")
-        box.until(started + scale.seconds / 2)
+        box.until(started + phase)
 
     return setting, play
 
