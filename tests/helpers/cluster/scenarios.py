@@ -181,6 +181,7 @@ def slow_apiserver(scale: Scale, lag: float) -> tuple[Setting, Callable[[Box], N
 
 def guard_outage(scale: Scale, lag: float) -> tuple[Setting, Callable[[Box], None]]:
     setting = _gpu_cluster(scale, lag, pools=("a", "b"))
+    setting.wanted += 1  # the pinned Deployment's one pod
 
     def play(box: Box) -> None:
         phase = max(scale.seconds / 2, lag + 1.0)  # long enough for the binds and the kubelets
