@@ -91,7 +91,8 @@ def _both(name: str, rendered, **kwargs):
 
 def _calm(guarded) -> None:
     """With the guard: no pod failed, every wanted pod runs or says why it waits."""
-    assert guarded.failed() == [], [p["status"] for p in guarded.failed()]
+    failed = [p["status"]["reason"] for p in guarded.failed()]
+    assert failed == [], (failed, guarded.warnings, [c for c in guarded.calls if "error" in c.outcome])
     assert guarded.unexplained() == []
 
 

@@ -71,6 +71,7 @@ class Outcome:
     writes: int
     calls: list[Any]
     phases: dict[str, Counter] = field(default_factory=dict)  # per scenario phase: rejections
+    warnings: list[str] = field(default_factory=list)  # admission warnings the API server returned
 
     def failed(self) -> list[dict[str, Any]]:
         return [p for p in self.pods if (p.get("status") or {}).get("phase") == "Failed"]
@@ -223,6 +224,14 @@ class Box:
     def until(self, seconds: float) -> None:
         time.sleep(max(0.0, self.started + seconds - time.monotonic()))
 
+    def settle(self, limit: float = 5.0) -> None:
+        """Wait, at most ``limit`` seconds, until no wanted pod is in flight: each one runs, has
+        failed, or carries the scheduler's reason for waiting (a bind or a kubelet still busy at
+        the script's end is not a pending pod without a reason)."""
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline and any(_in_flight(p) for p in self.api.list("pods")):
+            time.sleep(0.05)
+
     def mark(self, phase: str) -> None:
         """Remember the kubelets' rejections so far, to tell phases of a scenario apart."""
         self.phase_marks.append((phase, self.rejections()))
@@ -251,4 +260,17 @@ class Box:
             scenario, arm, seconds, self.setting.wanted, api.list("pods"), api.list("resourceclaims"),
             api.list("replicasets"), list(self.refused), list(api.events), counts, running_at,
             [c.seconds * 1000 for c in calls if c.outcome in ("allowed", "denied")], writes, calls, phases,
+            list(api.warnings),
         )  # fmt: skip
+
+
+def _in_flight(pod: dict[str, Any]) -> bool:
+    if not (pod["metadata"].get("labels") or {}).get(WANTED):
+        return False
+    status = pod.get("status") or {}
+    if status.get("phase") in ("Running", "Failed"):
+        return False
+    waiting = [
+        c for c in status.get("conditions") or [] if c["type"] == "PodScheduled" and c["status"] == "False"
+    ]
+    return not waiting or bool(pod["spec"].get("nodeName"))

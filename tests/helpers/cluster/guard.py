@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +74,8 @@ class Guard:
         stack = contextlib.ExitStack()
         try:
             server = stack.enter_context(live_server(directory, *self.args, workers=self.workers))
-        except BaseException as err:
+            _all_workers_ready(server)
+        except BaseException as err:  # handed to the starting thread
             stack.close()
             errors.append(err)
             return
@@ -92,3 +94,24 @@ class Guard:
         return "\n".join(
             p.read_text(errors="replace") for p in sorted(self.workdir.glob("replica-*/server.log"))
         )
+
+
+def _all_workers_ready(server: LiveServer, in_a_row: int = 8, timeout: float = 30.0) -> None:
+    """``/readyz`` ready on ``in_a_row`` fresh connections in a row: each worker answers for its
+    own informer and the kernel spreads new connections over the workers, so one ready answer
+    says nothing of the sibling. A cluster routes to a pod once its readiness probe passes; the
+    box waits until every worker would pass it."""
+    deadline, streak = time.monotonic() + timeout, 0
+    while streak < in_a_row:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"admit-guard on port {server.port}: a worker is still not ready")
+        conn = server.connect()
+        try:
+            conn.request("GET", "/readyz")
+            streak = streak + 1 if conn.getresponse().status == 200 else 0
+        except OSError:
+            streak = 0
+        finally:
+            conn.close()
+        if streak == 0:
+            time.sleep(0.05)

@@ -41,7 +41,7 @@ class Scale:
     seconds: float
 
 
-SCALES = {"small": Scale(nodes=3, replicas=3, seconds=3.0), "full": Scale(nodes=8, replicas=10, seconds=15.0)}
+SCALES = {"small": Scale(nodes=3, replicas=3, seconds=2.5), "full": Scale(nodes=8, replicas=10, seconds=15.0)}
 
 
 # -- objects ------------------------------------------------------------------------------------
@@ -256,4 +256,5 @@ def run(
         box = Box(setting, directory, seed, rendered if arm == "guard" else None, config)
         with box:
             play(box)
+            box.settle()
             return box.outcome(name, arm)
