@@ -225,11 +225,17 @@ class Box:
         time.sleep(max(0.0, self.started + seconds - time.monotonic()))
 
     def settle(self, limit: float = 5.0) -> None:
-        """Wait, at most ``limit`` seconds, until no wanted pod is in flight: each one runs, has
-        failed, or carries the scheduler's reason for waiting (a bind or a kubelet still busy at
-        the script's end is not a pending pod without a reason)."""
+        """End the script: the controllers stop making pods, then wait, at most ``limit``
+        seconds, until no wanted pod is in flight: each one runs, has failed, or says why it
+        waits (the scheduler's condition, or the kubelet's event). A bind or a kubelet still
+        busy at the script's end is not a pending pod without a reason."""
+        for loop in self.loops[:2]:  # the Deployment and ReplicaSet controllers
+            loop.stop()
         deadline = time.monotonic() + limit
-        while time.monotonic() < deadline and any(_in_flight(p) for p in self.api.list("pods")):
+        while time.monotonic() < deadline:
+            told = {e["involvedObject"]["uid"] for e in list(self.api.events)}
+            if not any(_in_flight(p, told) for p in self.api.list("pods")):
+                return
             time.sleep(0.05)
 
     def mark(self, phase: str) -> None:
@@ -264,8 +270,8 @@ class Box:
         )  # fmt: skip
 
 
-def _in_flight(pod: dict[str, Any]) -> bool:
-    if not (pod["metadata"].get("labels") or {}).get(WANTED):
+def _in_flight(pod: dict[str, Any], told: set[str]) -> bool:
+    if not (pod["metadata"].get("labels") or {}).get(WANTED) or pod["metadata"]["uid"] in told:
         return False
     status = pod.get("status") or {}
     if status.get("phase") in ("Running", "Failed"):

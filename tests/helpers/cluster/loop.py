@@ -29,6 +29,7 @@ class Loop:
             self._stop.wait(self.tick)
 
     def stop(self) -> None:
+        """Stop (again: a no-op) and raise what stopped the loop, if anything did."""
         self._stop.set()
         self._thread.join(timeout=30)
         if self.error is not None:

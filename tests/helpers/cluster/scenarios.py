@@ -41,7 +41,7 @@ class Scale:
     seconds: float
 
 
-SCALES = {"small": Scale(nodes=3, replicas=3, seconds=2.5), "full": Scale(nodes=8, replicas=10, seconds=15.0)}
+SCALES = {"small": Scale(nodes=3, replicas=3, seconds=2.0), "full": Scale(nodes=8, replicas=10, seconds=15.0)}
 
 
 # -- objects ------------------------------------------------------------------------------------
