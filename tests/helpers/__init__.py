@@ -1,0 +1,1 @@
+"""Helpers shared by several test modules: the cluster in a box lives in ``cluster/``."""
