@@ -101,8 +101,6 @@ class Pipeline:
             outcome = self._engine(req, endpoint, now)[0]  # another probe holds the slot: the breaker denies
         if validating and self.bind_guard is not None:
             outcome = self.bind_guard.review_created(req, self.source, outcome, judged, verified=verified)
-        if validating and self.allocation_guard is not None:
-            outcome = self.allocation_guard.review(req, self.source, outcome, verified=verified)
         return outcome
 
     def _engine(self, req: AdmissionRequest, endpoint: str, now: float):
