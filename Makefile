@@ -57,6 +57,7 @@ bench: $(STAMP) bench-tools
 	$(BIN)/python bench/engine_bench.py
 	$(BIN)/python bench/http_bench.py
 	$(BIN)/python bench/floor_bench.py
+	$(BIN)/python bench/cpu_bench.py
 	$(BIN)/python bench/informer_bench.py
 	$(BIN)/python bench/audit_bench.py
 	$(BIN)/python bench/snapshot_bench.py

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -49,6 +50,65 @@ def metric_sum(text: str, name: str, **labels: str) -> float:
     return total
 
 
+def worker_pids(master: int) -> list[int]:
+    """The processes ``master`` forked (gunicorn's workers), from /proc."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile
+        if int(fields[1]) == master:
+            pids.append(int(stat.parent.name))
+    return sorted(pids)
+
+
+def connections_by_worker(master: int, port: int) -> dict[int, set[int]]:
+    """For each worker of ``master``, the client ports of the established connections it holds
+    on ``port``: read from the kernel's socket tables and each worker's descriptors (Linux), so
+    the server says nothing about its workers to its clients."""
+    peers = _sockets_on(port, _ESTABLISHED)
+    holders: dict[int, set[int]] = {}
+    for pid in worker_pids(master):
+        held = holders.setdefault(pid, set())
+        for fd in Path(f"/proc/{pid}/fd").glob("*"):
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("socket:[") and int(target[8:-1]) in peers:
+                held.add(peers[int(target[8:-1])])
+    return holders
+
+
+def wait_listening(port: int, workers: int, timeout: float = 30.0) -> None:
+    """Until every worker listens on ``port`` (a socket each, ``SO_REUSEPORT``): /readyz answers
+    as soon as one worker is up, and connections opened before the others listen all land on
+    that one."""
+    deadline = time.monotonic() + timeout
+    while len(_sockets_on(port, _LISTEN)) < workers:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"fewer than {workers} workers listen on port {port} after {timeout} s")
+        time.sleep(0.05)
+
+
+_ESTABLISHED, _LISTEN = "01", "0A"  # TCP states as the kernel's tables write them
+
+
+def _sockets_on(port: int, state: str) -> dict[int, int]:
+    """Socket inode → the peer's port, for every TCP socket in ``state`` whose local port is
+    ``port`` (/proc/net/tcp and tcp6)."""
+    found = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as lines:
+            next(lines)
+            for line in lines:
+                fields = line.split()
+                if fields[3] == state and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    found[int(fields[9])] = int(fields[2].rsplit(":", 1)[1], 16)
+    return found
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -72,6 +132,7 @@ def live_server(workdir: Path, *args: str, workers: int = 2, threads: int = 4) -
     server = LiveServer(port, cert_dir, process, workdir / "server.log")
     try:
         _wait_ready(server)
+        wait_listening(server.port, workers)
         yield server
     finally:
         process.terminate()

@@ -255,6 +255,68 @@ def test_a_pod_bound_between_the_engines_verdict_and_the_reservation_still_count
     assert not late.allowed and late.reasons == ["OutOfcpu"]
 
 
+def _created(name: str, node_name: str, cpu: str) -> object:
+    return parse_review(
+        json.dumps(pod_create(pod(name, namespace="ml", node_name=node_name, requests={"cpu": cpu})))
+    )
+
+
+def test_the_cheap_path_reserves_what_it_allows(tmp_path):
+    # Nothing in the table and the state unchanged: the engine's verdict stands without a second
+    # check, and the pod's record is written all the same, for the binds that follow.
+    state = state_with(node("n1", cpu="1"), pod("a", namespace="ml", requests={"cpu": "1"}))
+    config = config_from_dict({})
+    guard = BindGuard(config, node_table(tmp_path / "table"))
+    req = _created("direct", "n1", "1")
+    outcome = review(req, VALIDATE, state, config)
+    assert guard.review_created(req, FixedState(state), outcome, (state, state.revision)).allowed
+    assert [r.node for r in node_table(tmp_path / "table").entries("n1", time.monotonic() + 1)] == ["n1"]
+    denied = guard.review(parse_review(json.dumps(binding("a", "n1"))), FixedState(state))
+    assert not denied.allowed and denied.reasons == ["OutOfcpu"]
+
+
+def test_the_cheap_path_is_not_taken_over_a_sibling_reservation(tmp_path):
+    # A bind reserved the node's cpu first: a pod created with nodeName that the engine allowed
+    # (the state does not show the bind yet) is judged with the reservation counted.
+    state = state_with(node("n1", cpu="1"), pod("a", namespace="ml", requests={"cpu": "1"}))
+    config = config_from_dict({})
+    guard = BindGuard(config, node_table(tmp_path / "table"))
+    assert guard.review(parse_review(json.dumps(binding("a", "n1"))), FixedState(state)).allowed
+    req = _created("direct", "n1", "1")
+    outcome = review(req, VALIDATE, state, config)
+    assert outcome.allowed
+    late = guard.review_created(req, FixedState(state), outcome, (state, state.revision))
+    assert not late.allowed and late.reasons == ["OutOfcpu"]
+
+
+def test_concurrent_creates_and_binds_over_two_workers_tables_never_overcommit(tmp_path):
+    # Two guards on one table directory (two workers of a replica), 16 threads at once: pods
+    # created with nodeName (engine-judged, cheap path) and a few binds, one cpu each, to a
+    # 4-cpu node.
+    pending = [pod(f"p{i}", namespace="ml", requests={"cpu": "1"}) for i in range(16)]
+    state = state_with(node("n1", cpu="4"), *pending)
+    config = config_from_dict({})
+    guards = [BindGuard(config, node_table(tmp_path / "table")) for _ in range(2)]
+    start = threading.Barrier(16)
+
+    def decide(i: int) -> bool:
+        guard, source = guards[i % 2], FixedState(state)
+        if i % 4 == 3:
+            request = parse_review(json.dumps(binding(f"p{i}", "n1")))
+            start.wait()
+            return guard.review(request, source).allowed
+        request = _created(f"direct-{i}", "n1", "1")
+        outcome = review(request, VALIDATE, state, config)
+        assert outcome.allowed  # alone, each fits: only the table keeps them apart
+        start.wait()
+        return guard.review_created(request, source, outcome, (state, state.revision)).allowed
+
+    with ThreadPoolExecutor(16) as pool:
+        allowed = sum(pool.map(decide, range(16)))
+    assert allowed == 4
+    assert len(node_table(tmp_path / "table").entries("n1", time.monotonic() + 1)) == 4
+
+
 def test_the_api_server_down_means_allowed_with_a_warning_within_three_seconds(tmp_path):
     server = FakeApiServer(Cluster())
     api = ApiServer.connect(kubeconfig=server.kubeconfig(tmp_path / "kubeconfig"))

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import signal
+import socket
 import ssl
 import time
 from pathlib import Path
@@ -13,7 +16,14 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 
-from tests.live_server import live_server, metric_sum, post_json
+from tests.live_server import (
+    connections_by_worker,
+    live_server,
+    metric_sum,
+    post_json,
+    wait_listening,
+    worker_pids,
+)
 from webhook.certs import issue
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -195,3 +205,48 @@ def test_a_graceful_shutdown_writes_every_decision_line(tmp_path):
         line for line in s.log.read_text().splitlines() if line.startswith("{") and '"decision"' in line
     ]
     assert len(decisions) == 200
+
+
+def test_a_burst_of_connections_is_spread_over_the_workers(server):
+    """16 connections opened together, as the API server opens its pool: each worker takes a
+    share (one worker taking them all halves the replica's capacity while the other idles)."""
+    raw = [socket.create_connection(("127.0.0.1", server.port), timeout=10) for _ in range(16)]
+    context = server.tls_context()
+    conns = []
+    try:
+        for sock in raw:
+            conn = server.connect()
+            conn.sock = context.wrap_socket(sock, server_hostname="localhost")
+            status, _ = post_json(conn, "/validate", example("good-pod-pinned-with-room"))
+            assert status == 200
+            conns.append(conn)
+        ports = {conn.sock.getsockname()[1] for conn in conns}
+        held = {
+            pid: ports & clients
+            for pid, clients in connections_by_worker(server.process.pid, server.port).items()
+        }
+        assert sorted(len(p) for p in held.values()) != [0, 16], held
+        assert sum(len(p) for p in held.values()) == 16
+        assert all(held.values()), {pid: len(p) for pid, p in held.items()}
+    finally:
+        for conn in conns:
+            conn.close()
+        for sock in raw:
+            sock.close()
+
+
+def test_a_restarting_worker_loses_no_new_connection(tmp_path):
+    """A worker told to stop leaves the port's listeners at once: connections opened while it
+    stops and while its replacement boots are all answered, by the other worker or the new one."""
+    with live_server(tmp_path, "--cluster", str(EXAMPLES / "cluster")) as server:
+        stopping = worker_pids(server.process.pid)[0]
+        os.kill(stopping, signal.SIGTERM)
+        deadline = time.monotonic() + 3
+        answered = 0
+        while time.monotonic() < deadline:
+            answered += review(server, "validate", example("good-pod-pinned-with-room"))["allowed"]
+        assert answered > 10
+        assert stopping not in worker_pids(server.process.pid)
+        wait_listening(server.port, 2)  # its replacement listens
+        for _ in range(8):
+            assert review(server, "validate", example("good-pod-pinned-with-room"))["allowed"]

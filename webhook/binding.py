@@ -21,6 +21,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 
 from .admission import AdmissionRequest, Outcome, ReviewError, allowed_unchecked, deny, respond
 from .checks import PodUnderReview
@@ -227,7 +228,7 @@ class BindGuard:
                 dropped.update(r.pod for r in entries if not kept(r, state, now))
                 held = [r for r in entries if counts(r, state, now)]
                 found.clear()
-                if not held and judged is not None and judged == (state, state.revision):
+                if not held and judged is not None and state is judged[0] and state.revision == judged[1]:
                     return True  # the engine's verdict, on the same state
                 usage = usage_with(state.usage(node.name), held)
                 in_flight = tuple((r.scheduler, r.requests) for r in held)
@@ -254,6 +255,7 @@ class BindGuard:
                 lambda r: r.pod not in dropped,
                 coordinated=capacity is not None and self._coordinated(pod.record),
                 write=capacity is not None and not req.dry_run,
+                stands=None if judged is None else partial(_stands, source, judged),
             )
         except _StateGone as err:
             return _unchecked(outcome, STATE_UNAVAILABLE, f"{pod_name} to {node.name}: {err}")
@@ -307,6 +309,14 @@ class BindGuard:
         devices = self.config.device_scheduler.resources
         settings = self.config.node_admission.reservations
         return any(amount and settings.coordinated(r, devices) for r, amount in record.requests.items())
+
+
+def _stands(source: StateSource, judged: Judged) -> bool:
+    """Whether the engine's verdict stands: the state is the one, at the revision, it was
+    reached on (compared by identity: a state's equality would compare the cluster)."""
+    with source.reading() as view:
+        state = view.state
+        return state is not None and state is judged[0] and state.revision == judged[1]
 
 
 class _StateGone(Exception):

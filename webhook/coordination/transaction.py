@@ -17,6 +17,12 @@ Binds (one key: the node) and DRA allocations (a key per pool) decide the same w
 5. The tables then hold what was decided and what the Leases showed, for the siblings that
    waited.
 
+The cheap path (``stands``): a decision the caller has judged already (a pod created with
+``spec.nodeName``, judged by the engine) needs neither judging nor merging when the one key's
+table holds no record but its own and its verdict still stands (the state unchanged since):
+under the lock, its record is added and that is all. The lock stays: the record is what lets
+a sibling deciding on the same key count this decision.
+
 Each record type says which keys it touches and what identifies it (a pod, a claim); the judge
 says what counts. What can go wrong is one set of exceptions: ``Busy`` (siblings or the budget:
 deny and let the caller retry), ``LeaseFull`` (not an outage: deny), ``DeadlineExceeded`` and
@@ -98,14 +104,26 @@ class Transaction:
         self.trouble: str | None = None
 
     def run(
-        self, keys: list[str], new: Any, judge: Judge, keep: Keep, *, coordinated: bool, write: bool
+        self,
+        keys: list[str],
+        new: Any,
+        judge: Judge,
+        keep: Keep,
+        *,
+        coordinated: bool,
+        write: bool,
+        stands: Callable[[], bool] | None = None,
     ) -> bool:
         """Whether ``new`` fits (``judge`` over every record seen, ``new``'s own set aside by the
         judge); when it does and ``write``, it is recorded under every key (beside the records
         ``keep`` says stay). ``coordinated``: whether the Leases are written (else only read,
-        to rebuild a damaged table)."""
+        to rebuild a damaged table). ``stands``: whether a verdict the caller reached before
+        still holds; with it, the cheap path (see the module doc) may decide."""
         with ExitStack() as stack:
             held = self._locked(stack, keys, coordinated)
+            if stands is not None and write and not coordinated and self._alone(held, new) and stands():
+                self._add(held[0], new)
+                return True
             damaged = any(h.damaged for h in held)
             if damaged:
                 self.trouble = TABLE_DAMAGED
@@ -125,6 +143,25 @@ class Transaction:
             if held:
                 self._store_tables(keys, held, seen or [], new if fits and write else None, keep, leased)
             return fits
+
+    def _alone(self, held: list[HeldTable], new: Any) -> bool:
+        """One key's table, whole, holding no record but ``new``'s own: nothing there for a
+        judge to count, and nothing of anyone else's to keep or drop."""
+        if len(held) != 1 or held[0].damaged:
+            return False
+        identity, mine = self.records.identity, self.records.identity(new)
+        return all(identity(entry) == mine for entry in held[0].entries)
+
+    def _add(self, table: HeldTable, new: Any) -> None:
+        """``new`` into a table that holds nothing else. An earlier record of the same identity
+        stays as it is, as the whole path leaves it (the table is rewritten only when what it
+        holds changes)."""
+        if table.entries:
+            return
+        try:
+            table.store([new])
+        except OSError:
+            self.trouble = TABLE_ERROR  # decided all the same, as in ``_store_tables``
 
     def _locked(self, stack: ExitStack, keys: list[str], coordinated: bool) -> list[HeldTable]:
         if self.table is None:

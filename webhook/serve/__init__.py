@@ -3,9 +3,12 @@
 ::
 
     kube-apiserver ── HTTPS POST /validate ──┐
-      socket       worker.py    GuardWorker.accept: the connection waits in the poller, not even
-                                wrapped in TLS, until its first byte (first-byte timeout,
-                                connection limit: the oldest idle connection makes room)
+      listener     gunicorn.py  a listening socket per worker (SO_REUSEPORT): the kernel spreads
+                                new connections over the workers; the master holds the address
+                                without listening
+      socket       worker.py    GuardWorker.accept: TCP_NODELAY; the connection waits in the
+                                poller, not even wrapped in TLS, until its first byte (first-byte
+                                timeout, connection limit: the oldest idle connection makes room)
       event loop   worker.py    GuardWorker._advance: TLS handshake and reads on non-blocking
                                 sockets, one deadline per request (408), the buffer budget (503)
       framing      framing.py   RequestFraming: where the request ends (head, Content-Length,
