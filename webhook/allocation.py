@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from . import admission
 from .admission import VALIDATE, AdmissionRequest, Outcome, allowed_unchecked, deny, is_claim_status, respond
+from .checks.device_allocation import missing_pools
 from .config import Config
 from .coordination.allocations import MAX_RESULTS, InFlight, counts, in_flight, kept
 from .coordination.budget import Budget, Busy, DeadlineExceeded
@@ -117,7 +118,7 @@ class AllocationGuard:
             IN_FLIGHT_RECORDS, self.local, self.leases, Budget.of(settings), lambda: Budget.of(settings)
         )
         try:
-            pools, unknown = _pools(new, source)
+            pools, unknown = _pools(new, claim, source)
             fits = transaction.run(pools, new, judge, judge.keep, coordinated=True, write=not req.dry_run)
         except _StateGone as err:
             return _unchecked(outcome, STATE_UNAVAILABLE, str(err))
@@ -185,15 +186,15 @@ class _Judge:
         return entry.claim not in self.dropped
 
 
-def _pools(new: InFlight, source: StateSource) -> tuple[list[str], list[str]]:
-    """The record's pools the state knows (coordinated, in order) and those it does not: a
-    Lease per pool is made only for pools some ResourceSlice publishes."""
+def _pools(new: InFlight, claim: ResourceClaim, source: StateSource) -> tuple[list[str], list[str]]:
+    """The record's pools the state knows (coordinated, in order) and those it does not
+    (``missing_pools``): a Lease per pool is made only for pools some ResourceSlice publishes."""
     with source.reading() as view:
         state = view.state
         if state is None or state.devices is None:
             raise _StateGone(view.unavailable or "no device state")
-        known = {p: state.devices.pool(*p.split("/", 1)) is not None for p in new.pools}
-    return sorted(p for p, k in known.items() if k), sorted(p for p, k in known.items() if not k)
+        missing = {"/".join(key) for key in missing_pools(claim, state.devices)}
+    return sorted(new.pools - missing), sorted(missing)
 
 
 class _StateGone(Exception):
