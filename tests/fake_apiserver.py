@@ -32,9 +32,11 @@ PATHS = {
     "/apis/resource.k8s.io/v1/resourceclaims": "resourceclaims",
     "/apis/resource.k8s.io/v1/deviceclasses": "deviceclasses",
     "/apis/resource.k8s.io/v1alpha3/devicetaintrules": "devicetaintrules",
+    "/apis/topology.node.k8s.io/v1alpha2/noderesourcetopologies": "noderesourcetopologies",
 }
 DRA = ("resourceslices", "resourceclaims", "deviceclasses")
 TAINT_RULES = "devicetaintrules"  # alpha in 1.35 (DRADeviceTaints): a cluster may not serve it
+TOPOLOGIES = "noderesourcetopologies"  # a CRD, there only where an NRT exporter is installed
 DISCOVERY = "/apis/resource.k8s.io/v1"
 LEASES = re.compile(
     r"/apis/coordination\.k8s\.io/v1/namespaces/(?P<namespace>[^/]+)/leases(?:/(?P<name>[^/]+))?"
@@ -46,6 +48,7 @@ LIST_KINDS = {
     "resourceclaims": "ResourceClaimList",
     "deviceclasses": "DeviceClassList",
     "devicetaintrules": "DeviceTaintRuleList",
+    "noderesourcetopologies": "NodeResourceTopologyList",
 }
 # apimachinery's ``TotalAnnotationSizeLimitB``: the bytes of an object's annotations, keys included.
 ANNOTATIONS_LIMIT = 256 * 1024
@@ -77,6 +80,7 @@ class Cluster:
     faults: dict[str, list[Fault]] = field(default_factory=lambda: {r: [] for r in LIST_KINDS})
     serves_dra: bool = False  # resource.k8s.io/v1: discovery and its lists answer 404 when off
     serves_taint_rules: bool = False  # resource.k8s.io/v1alpha3 devicetaintrules: 404 when off
+    serves_topologies: bool = False  # topology.node.k8s.io/v1alpha2 noderesourcetopologies: 404 when off
     snapshots: dict[str, tuple[int, list[bytes]]] = field(default_factory=dict)
     requests: list[str] = field(default_factory=list)
     frozen: dict[str, tuple[int, list[bytes]]] = field(default_factory=dict)
@@ -286,13 +290,16 @@ class _Handler(BaseHTTPRequestHandler):
             )
         if url.path == "/apis" or (url.path.startswith("/apis/") and url.path.count("/") == 3):
             return self._discovery(url.path)
-        resource = PATHS.get(url.path)
+        resource = asked = PATHS.get(url.path)
         if resource in DRA and not self.cluster.serves_dra:
             resource = None
         if resource == TAINT_RULES and not self.cluster.serves_taint_rules:
             resource = None
+        if resource == TOPOLOGIES and not self.cluster.serves_topologies:
+            resource = None
         query = {k: v[0] for k, v in parse_qs(url.query).items()}
-        self.cluster.requests.append(f"{resource} {'watch' if query.get('watch') else 'list'}")
+        # What was asked for, served or not (an unserved one is answered 404 below).
+        self.cluster.requests.append(f"{asked} {'watch' if query.get('watch') else 'list'}")
         if self.headers.get("Authorization") != f"Bearer {self.cluster.token}":
             return self._status(401, "Unauthorized", "invalid bearer token")
         if resource is None:

@@ -116,6 +116,11 @@ def test_rbac_is_read_only_cluster_wide_and_leases_only_in_the_guards_namespace(
             "resources": ["resourceslices", "resourceclaims", "deviceclasses", "devicetaintrules"],
             "verbs": ["get", "list", "watch"],
         },
+        {
+            "apiGroups": ["topology.node.k8s.io"],
+            "resources": ["noderesourcetopologies"],
+            "verbs": ["get", "list", "watch"],
+        },
     ]
     [leases] = objects(docs, "Role")
     assert leases["metadata"]["namespace"] == "admit-guard"

@@ -167,7 +167,7 @@ def test_a_cluster_without_device_taint_rules_is_ready_said_once_and_checks_the_
         assert live.readiness().ready
         assert live.state.devices.use(("gpu.example.com", "node-1", "gpu-0"))
         time.sleep(0.3)
-        assert cluster.requests.count("None list") == 1  # the 404: asked once, not retried
+        assert cluster.requests.count("devicetaintrules list") == 1  # the 404: asked once, not retried
     said = [r.message for r in caplog.records if "devicetaintrules" in r.message]
     assert len(said) == 1 and "does not serve" in said[0]
     server = FakeApiServer(cluster)

@@ -39,6 +39,9 @@ RESOURCES = {
     "deviceclasses": "/apis/resource.k8s.io/v1/deviceclasses",
     # Alpha in 1.35 (feature gate DRADeviceTaints, off by default): most clusters answer 404.
     "devicetaintrules": "/apis/resource.k8s.io/v1alpha3/devicetaintrules",
+    # The topology manager's inputs, published by an exporter (NFD topology-updater, RTE) where
+    # installed: its CRD is absent elsewhere (404).
+    "noderesourcetopologies": "/apis/topology.node.k8s.io/v1alpha2/noderesourcetopologies",
 }
 DRA_GROUP_VERSION = "resource.k8s.io/v1"
 

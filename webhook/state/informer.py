@@ -45,6 +45,7 @@ from .gc_pause import collector_paused
 from .model import ClusterState, node_from, object_key, pod_record
 from .source import Readiness, StateView
 from .storm import StormBreakers
+from .topology import topology_from
 
 log = logging.getLogger(__name__)
 GONE = 410
@@ -142,6 +143,16 @@ def _kinds(state: ClusterState) -> tuple[_Kind, ...]:
             present=lambda: list(state.pods),
         ),
     )
+    topologies = _Kind(
+        "noderesourcetopologies",
+        key=lambda obj: str((obj.get("metadata") or {}).get("name") or ""),
+        build=topology_from,
+        store=state.set_topology,
+        drop=lambda name: state.set_topology(name, None),
+        present=lambda: list(state.topologies),
+        unserved="the topology manager's admission is not predicted (no NodeResourceTopology exporter)",
+    )
+    kinds = (*kinds, topologies)
     return kinds if state.devices is None else (*kinds, *_device_kinds(state.devices))
 
 
@@ -246,7 +257,9 @@ class Informer:
 
     def start(self) -> Informer:
         self._discover_devices()
-        for kind in _kinds(self.state):
+        kinds = _kinds(self.state)
+        self._required = frozenset(kind.name for kind in kinds)  # an unserved one leaves on a 404
+        for kind in kinds:
             thread = threading.Thread(
                 target=self._run, args=(kind,), name=f"informer-{kind.name}", daemon=True
             )
