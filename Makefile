@@ -101,7 +101,7 @@ promtool:
 
 # deploy/monitoring: promtool unit tests of the alerts; alert and dashboard metric names.
 monitoring-test: $(STAMP) promtool
-	$(BIN)/pytest tests/test_monitoring.py
+	$(BIN)/pytest tests/e2e/test_monitoring.py
 
 # TLS for the self-signed overlay; its kustomization copies ca.crt into the caBundles.
 deploy-certs: $(SELF_SIGNED)/certs/tls.crt

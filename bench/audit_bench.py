@@ -20,7 +20,7 @@ import orjson
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.builders import node  # noqa: E402
+from tests.helpers.builders import node  # noqa: E402
 from webhook.audit import node_findings, run_audit  # noqa: E402
 from webhook.config import Config  # noqa: E402
 from webhook.serve.periodic_audit import NODES_PER_CHUNK  # noqa: E402

@@ -26,9 +26,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from open_loop import report, send  # noqa: E402
 
-from tests.builders import container, node, pod  # noqa: E402
-from tests.fake_apiserver import Cluster, FakeApiServer, write_kubeconfig  # noqa: E402
-from tests.live_server import live_server  # noqa: E402
+from tests.helpers.builders import container, node, pod  # noqa: E402
+from tests.helpers.fake_apiserver import Cluster, FakeApiServer, write_kubeconfig  # noqa: E402
+from tests.helpers.live_server import live_server  # noqa: E402
 
 NODES, GPUS, RATE, CONNECTIONS = 1000, 8, 300, 8
 SECONDS = float(os.environ.get("BIND_BENCH_SECONDS", "20"))

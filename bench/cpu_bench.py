@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from floor_bench import REVIEW, h2load, started  # noqa: E402
 
-from tests.live_server import worker_pids  # noqa: E402
+from tests.helpers.live_server import worker_pids  # noqa: E402
 from webhook.certs import issue  # noqa: E402
 
 RUNS = 3

@@ -33,9 +33,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 from dra_index_bench import GPUS, NODES, PARTITIONABLE_NODES, claim, claims, node, slices  # noqa: E402
 from open_loop import report, send  # noqa: E402
 
-from tests.fake_apiserver import Cluster, FakeApiServer, write_kubeconfig  # noqa: E402
-from tests.live_server import live_server  # noqa: E402
-from tests.test_dra_admission import status_update  # noqa: E402
+from tests.helpers.claims import status_update  # noqa: E402
+from tests.helpers.fake_apiserver import Cluster, FakeApiServer, write_kubeconfig  # noqa: E402
+from tests.helpers.live_server import live_server  # noqa: E402
 
 RATE, CONNECTIONS = 300, 8
 SECONDS = float(os.environ.get("DRA_BENCH_SECONDS", "10"))

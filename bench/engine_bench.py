@@ -23,7 +23,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.builders import cluster_node, cluster_pod
+from tests.helpers.builders import cluster_node, cluster_pod
 from webhook.config import Config
 from webhook.engine import evaluate
 from webhook.state import ClusterState, node_from, pod_record

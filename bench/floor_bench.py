@@ -52,7 +52,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from tests.live_server import (  # noqa: E402
+from tests.helpers.live_server import (  # noqa: E402
     LiveServer,
     _wait_ready,
     connections_by_worker,

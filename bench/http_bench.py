@@ -24,8 +24,8 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.builders import cluster_node, cluster_pod
-from tests.live_server import live_server
+from tests.helpers.builders import cluster_node, cluster_pod
+from tests.helpers.live_server import live_server
 
 CONNECTIONS = 8
 

@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.live_server import LiveServer, live_server  # noqa: E402
+from tests.helpers.live_server import LiveServer, live_server  # noqa: E402
 
 EXAMPLES = ROOT / "examples"
 REVIEW = (EXAMPLES / "admission" / "good-deployment.json").read_bytes()

@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.fake_apiserver import Cluster, write_kubeconfig  # noqa: E402
+from tests.helpers.fake_apiserver import Cluster, write_kubeconfig  # noqa: E402
 from webhook.state.apiserver import ApiServer  # noqa: E402
 from webhook.state.informer import Informer, Timing  # noqa: E402
 
@@ -44,8 +44,8 @@ def peak_rss_mib() -> float:
 
 def serve(args, *extra: str) -> tuple[subprocess.Popen, str]:
     server = subprocess.Popen(
-        [sys.executable, "-m", "tests.fake_apiserver", "--nodes", str(args.nodes), "--pods", str(args.pods),
-         "--events", str(args.events), *extra],
+        [sys.executable, "-m", "tests.helpers.fake_apiserver", "--nodes", str(args.nodes),
+         "--pods", str(args.pods), "--events", str(args.events), *extra],
         cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     return server, server.stdout.readline().strip()

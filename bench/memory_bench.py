@@ -38,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.live_server import LiveServer, _wait_ready, free_port  # noqa: E402
+from tests.helpers.live_server import LiveServer, _wait_ready, free_port  # noqa: E402
 from webhook.certs import issue  # noqa: E402
 from webhook.serve.limits import default_buffered_bytes  # noqa: E402
 

@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from tests.live_server import post_json
+from tests.helpers.live_server import post_json
 
 
 def send(

@@ -23,10 +23,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.builders import node, pod  # noqa: E402
-from tests.fake_apiserver import Cluster, FakeApiServer  # noqa: E402
-from tests.live_server import live_server, post_json  # noqa: E402
-from tests.test_binding import binding  # noqa: E402
+from tests.helpers.binds import binding  # noqa: E402
+from tests.helpers.builders import node, pod  # noqa: E402
+from tests.helpers.fake_apiserver import Cluster, FakeApiServer  # noqa: E402
+from tests.helpers.live_server import live_server, post_json  # noqa: E402
 
 ROUNDS, BINDS, LEASE_DELAY, TIMEOUT = 5, 12, 0.5, 5.0
 

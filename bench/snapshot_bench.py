@@ -26,7 +26,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.builders import cluster_node, cluster_pod  # noqa: E402
+from tests.helpers.builders import cluster_node, cluster_pod  # noqa: E402
 
 SIZES = ((1000, 30_000), (5000, 150_000))
 

@@ -69,7 +69,7 @@ def template(gpu: bool, **spec) -> dict:
 
 
 def custom_resource(n: int) -> dict:
-    """One of eight operators' kinds, shaped like their examples (tests/workloads/)."""
+    """One of eight operators' kinds, shaped like their examples (tests/fixtures/workloads/)."""
     meta = {"name": f"w-{n}", "namespace": f"team-{n % 50}"}
     scheduler = {"schedulerName": "volcano"} if n % 3 else {}
     kinds = [

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.fake_apiserver import Cluster, FakeApiServer
+from tests.helpers.fake_apiserver import Cluster, FakeApiServer
 from webhook.coordination.reservations import node_leases
 from webhook.state.apiserver import ApiServer
 

@@ -5,7 +5,7 @@ so the numeric order of masks is the kubelet's ``bitmask.IsLessThan`` order. A p
 for one resource with ``Hints``: ``None`` when it has no preference (``{nil, true}``), an empty
 tuple when nothing can satisfy it (``{nil, false}``), else its ``(mask, preferred)`` pairs in
 ``bitmask.IterateBitMasks`` order. ``admit`` is the merge's verdict without the cross product:
-tests/test_topology_merge.py proves it equal to a transcription of ``HintMerger`` on every input.
+tests/unit/checks/test_topology_merge.py proves it equal to a transcription of ``HintMerger`` on every input.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The API-server double: the fake API server's store, watches and Leases, plus the writes a
 cluster's components make, each admitted through the webhooks first.
 
-``tests/fake_apiserver.py`` keeps the truth and serves it over HTTP to the guard's informer
+``tests/helpers/fake_apiserver.py`` keeps the truth and serves it over HTTP to the guard's informer
 (lists, watches delivered ``watch_lag`` late) and its Leases. The cluster's own components
 (controllers, schedulers, kubelets, the DRA driver) write through ``ApiDouble`` in process:
 ``create``, ``update`` (the main resource or ``status``) and ``bind`` (``pods/binding``). Each
@@ -27,7 +27,7 @@ from typing import Any
 
 import orjson
 
-from tests.fake_apiserver import Cluster
+from tests.helpers.fake_apiserver import Cluster
 
 from .webhooks import Attributes, Denied, Dispatcher
 

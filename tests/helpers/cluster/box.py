@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.fake_apiserver import FakeApiServer
+from tests.helpers.fake_apiserver import FakeApiServer
 
 from .apiserver import ApiDouble, fresh_cluster
 from .controllers import DeploymentController, ReplicaSetController

@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from tests.fake_apiserver import Cluster
+from tests.helpers.fake_apiserver import Cluster
 
 
 class Cache:

@@ -15,9 +15,9 @@ from typing import Any
 
 import yaml
 
+from tests.helpers.paths import ROOT
 from webhook.certs import issue
 
-ROOT = Path(__file__).resolve().parents[3]
 OVERLAY = Path("overlays") / "self-signed"
 
 

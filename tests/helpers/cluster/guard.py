@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from tests.live_server import LiveServer, live_server
+from tests.helpers.live_server import LiveServer, live_server
 
 from .deploy import Rendered
 

@@ -1,0 +1,163 @@
+"""The cluster in a box (issue 28), small: each incident happens without the guard and does not
+with it, through the webhooks rendered from deploy/; a rule dropped from the rendered
+configuration lets the incident back in; the box's cluster shares no code with the guard's
+checks.
+
+The scenarios need ``kubectl`` to render deploy/ (kustomize is built into it) and are skipped,
+saying so, where it is missing; the import test and the rule matcher's tests need nothing.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.cluster import deploy
+from tests.helpers.cluster.scenarios import run
+from tests.helpers.cluster.webhooks import Attributes, _rule_matches
+from tests.helpers.paths import TESTS
+
+BOX = TESTS / "helpers" / "cluster"
+# What a cluster runs of the project: the certificate issuer deploy/ is rendered with. The guard
+# itself runs as a separate process (``admit-guard serve``).
+ALLOWED_WEBHOOK = {"webhook.certs"}
+ALLOWED_TESTS = {
+    "tests.helpers.fake_apiserver",
+    "tests.helpers.live_server",
+    "tests.helpers.builders",
+    "tests.helpers.paths",
+}
+needs_kubectl = pytest.mark.skipif(deploy.kubectl() is None, reason="kubectl renders deploy/ (kustomize)")
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module)
+    return found
+
+
+def test_the_box_imports_from_webhook_only_what_a_cluster_runs():
+    """Scanned through the test modules it uses too, so no path leads to the guard's checks."""
+    seen, todo = set(), [*BOX.glob("*.py")]
+    root = BOX.parents[2]
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        for module in _imports(path):
+            if module.startswith("webhook"):
+                assert module in ALLOWED_WEBHOOK, f"{path.name} imports {module}"
+            elif module.startswith("tests.") and not module.startswith("tests.helpers.cluster"):
+                assert module in ALLOWED_TESTS, f"{path.name} imports {module}"
+                todo.append(root / (module.replace(".", "/") + ".py"))
+    assert len(seen) > len(list(BOX.glob("*.py")))  # the followed test modules were scanned
+
+
+def _attrs(resource: str, subresource: str = "", operation: str = "CREATE") -> Attributes:
+    return Attributes(operation, "", "v1", resource, "Pod", "default", "p", {}, subresource=subresource)
+
+
+@pytest.mark.parametrize(
+    ("resources", "resource", "subresource", "matches"),
+    [
+        (["pods"], "pods", "", True),
+        (["pods"], "pods", "binding", False),  # a resource rule never takes its subresources
+        (["pods/binding"], "pods", "binding", True),
+        (["pods/*"], "pods", "status", True),
+        (["*"], "pods", "binding", False),
+        (["*/binding"], "pods", "binding", True),
+        (["*/*"], "pods", "status", True),
+    ],
+)
+def test_rules_match_resources_and_subresources_as_the_api_server_does(
+    resources, resource, subresource, matches
+):
+    rule = {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": resources}
+    assert _rule_matches(rule, _attrs(resource, subresource)) is matches
+    assert _rule_matches(rule, _attrs(resource, subresource, "UPDATE")) is False
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory):
+    return deploy.render(tmp_path_factory.mktemp("rendered"))
+
+
+def _both(name: str, rendered, **kwargs):
+    return run(name, "none", **kwargs), run(name, "guard", rendered=rendered, **kwargs)
+
+
+def _calm(guarded) -> None:
+    """With the guard: no pod failed, every wanted pod runs or says why it waits."""
+    failed = [p["status"]["reason"] for p in guarded.failed()]
+    assert failed == [], (failed, guarded.warnings, [c for c in guarded.calls if "error" in c.outcome])
+    assert guarded.unexplained() == []
+
+
+@needs_kubectl
+def test_nodename_storm(rendered):
+    none, guarded = _both("nodename-storm", rendered)
+    assert len(none.failed()) >= 20
+    assert {p["status"]["reason"] for p in none.failed()} == {"OutOfcpu"}
+    _calm(guarded)
+    assert guarded.counts["creates_denied"] >= 1  # the legacy ReplicaSet's pods meet the pod webhook
+    assert any("PinnedNodeName" in message for message in guarded.refused)  # the new Deployment
+    [replica_set] = guarded.replica_sets
+    [condition] = replica_set["status"]["conditions"]
+    assert condition["reason"] == "FailedCreate" and "OutOfcpu" in condition["message"]
+
+
+@needs_kubectl
+def test_two_schedulers(rendered):
+    none, guarded = _both("two-schedulers", rendered)
+    assert none.unexpected_admission_errors() >= 1
+    _calm(guarded)
+    assert len(guarded.running()) == 3  # one GPU per node, each handed out once
+
+
+@needs_kubectl
+def test_dra_allocators(rendered):
+    none, guarded = _both("dra-allocators", rendered)
+    assert none.devices_twice() >= 1
+    assert any(e["reason"] == "FailedPrepareDynamicResources" for e in none.events)
+    _calm(guarded)
+    assert guarded.devices_twice() == 0 and len(guarded.running()) == 3
+
+
+@needs_kubectl
+def test_slow_apiserver(rendered):
+    none, guarded = _both("slow-apiserver", rendered)
+    assert none.unexpected_admission_errors() >= 1
+    _calm(guarded)
+
+
+@needs_kubectl
+def test_guard_outage_leaks_under_failure_policy_ignore_then_recovers(rendered):
+    none, guarded = _both("guard-outage", rendered)
+    assert none.phases["outage"]["UnexpectedAdmissionError"] >= 1
+    assert none.phases["end"]["UnexpectedAdmissionError"] >= 1
+    assert guarded.phases["outage"]["UnexpectedAdmissionError"] >= 1  # what leaks while it is down
+    assert guarded.phases["end"]["UnexpectedAdmissionError"] == 0  # and it recovers
+    # The one fail-closed webhook refuses a pinned template while no replica answers.
+    assert any('failed calling webhook "pinned-templates.admit-guard.io"' in m for m in guarded.refused)
+
+
+@needs_kubectl
+def test_a_binding_rule_dropped_from_the_rendered_configuration_lets_the_incident_back_in(rendered):
+    broken = copy.deepcopy(rendered)
+    for config in broken.webhook_configurations():
+        for hook in config["webhooks"]:
+            for rule in hook["rules"]:
+                rule["resources"] = [r for r in rule["resources"] if r != "pods/binding"]
+    # A longer cache lag: every pod of the burst is created before either scheduler binds.
+    outcome = run("two-schedulers", "guard", rendered=broken, lag_ms=2000)
+    assert outcome.unexpected_admission_errors() >= 1
+    assert not any(c.webhook == "bindings.admit-guard.io" for c in outcome.calls)

@@ -1,0 +1,250 @@
+"""The real server: gunicorn with TLS on loopback, spoken to over HTTPS with CA verification."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import socket
+import ssl
+import time
+
+import jsonpatch
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives.serialization import Encoding
+
+from tests.helpers.live_server import (
+    connections_by_worker,
+    live_server,
+    metric_sum,
+    post_json,
+    wait_listening,
+    worker_pids,
+)
+from tests.helpers.paths import EXAMPLES
+from webhook.certs import issue
+
+CONFIG = """
+excludedNamespaces: [kube-system, ops]
+policies:
+  pinnedNodeName: {mode: fix}
+  deviceScheduler: {mode: warn}
+  nodeAdmission: {mode: enforce}
+"""
+
+
+def example(name: str) -> dict:
+    return json.loads((EXAMPLES / "admission" / f"{name}.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("serve")
+    (workdir / "config.yaml").write_text(CONFIG)
+    with live_server(
+        workdir, "--cluster", str(EXAMPLES / "cluster"), "--config", str(workdir / "config.yaml")
+    ) as s:
+        yield s
+
+
+def review(server, endpoint: str, body) -> dict:
+    conn = server.connect()
+    try:
+        status, reply = post_json(conn, f"/{endpoint}", body)
+    finally:
+        conn.close()
+    assert status == 200, reply
+    return reply["response"]
+
+
+def test_allows_a_good_deployment(server):
+    assert review(server, "validate", example("good-deployment"))["allowed"] is True
+
+
+def test_denies_a_pod_the_kubelet_would_reject(server):
+    response = review(server, "validate", example("pod-host-port-conflict"))
+    assert response["allowed"] is False
+    assert response["status"] == {
+        "code": 403,
+        "reason": "NodePorts",
+        "message": response["status"]["message"],
+    }
+
+
+def test_warn_mode_answers_with_warnings(server):
+    response = review(server, "validate", example("incident-2-mixed-scheduler-job"))
+    assert response["allowed"] is True
+    assert any("MixedDeviceScheduler" in w for w in response["warnings"])
+
+
+def test_mutate_patch_applies_and_the_result_passes_validation(server):
+    incident = example("incident-1-pinned-deployment")
+    response = review(server, "mutate", incident)
+    patched = jsonpatch.apply_patch(
+        incident["request"]["object"], json.loads(base64.b64decode(response["patch"]))
+    )
+    assert "nodeName" not in patched["spec"]["template"]["spec"]
+    incident["request"]["object"] = patched
+    assert review(server, "validate", incident)["allowed"] is True
+
+
+def test_dry_run_is_answered_but_not_counted(server):
+    dry = example("pod-host-port-conflict")
+    dry["request"]["dryRun"] = True
+    before = _metric(server, "admit_guard_violations_total", reason="NodePorts")
+    assert review(server, "validate", dry)["allowed"] is False
+    assert _metric(server, "admit_guard_violations_total", reason="NodePorts") == before
+
+
+def test_excluded_namespace_is_allowed_untouched(server):
+    pinned = example("pod-host-port-conflict")
+    pinned["request"]["namespace"] = pinned["request"]["object"]["metadata"]["namespace"] = "ops"
+    assert review(server, "validate", pinned) == {"uid": pinned["request"]["uid"], "allowed": True}
+
+
+def test_bad_bodies_get_400_and_oversized_ones_413(server):
+    conn = server.connect()
+    status, reply = post_json(conn, "/validate", b"{not json")
+    assert status == 400 and "not JSON" in reply["error"]
+    status, reply = post_json(
+        conn, "/validate", {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}
+    )
+    assert status == 400 and "request" in reply["error"]
+    conn.close()
+    conn = server.connect()
+    status, reply = post_json(conn, "/validate", b" " * (3 * 1024 * 1024 + 1))
+    assert status == 413
+    conn.close()
+
+
+def test_keep_alive_serves_many_reviews_on_one_connection(server):
+    conn = server.connect()
+    for _ in range(20):
+        status, reply = post_json(conn, "/validate", example("good-deployment"))
+        assert status == 200 and reply["response"]["allowed"]
+    conn.close()
+
+
+def test_tls_1_2_is_accepted(server):
+    context = server.tls_context()
+    context.maximum_version = ssl.TLSVersion.TLSv1_2
+    conn = server.connect()
+    conn._context = context
+    conn.request("GET", "/healthz")
+    assert conn.getresponse().status == 200
+    assert conn.sock.version() == "TLSv1.2"
+    conn.close()
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_tls_below_1_2_is_refused_by_the_server(server):
+    context = server.tls_context()
+    context.minimum_version = context.maximum_version = ssl.TLSVersion.TLSv1_1
+    context.set_ciphers("ALL:@SECLEVEL=0")
+    conn = server.connect()
+    conn._context = context  # same endpoint, old protocol
+    with pytest.raises(ssl.SSLError):
+        conn.request("GET", "/healthz")
+        conn.getresponse()
+    deadline = time.monotonic() + 5
+    while "UNSUPPORTED_PROTOCOL" not in server.log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert "UNSUPPORTED_PROTOCOL" in server.log.read_text()
+
+
+def test_metrics_add_up_across_workers(server):
+    before = _metric(server, "admit_guard_requests_total", endpoint="validate", kind="Pod")
+    # Separate connections spread over both workers.
+    for _ in range(12):
+        review(server, "validate", example("good-pod-pinned-with-room"))
+    assert _metric(server, "admit_guard_requests_total", endpoint="validate", kind="Pod") == before + 12
+
+
+def test_rotated_certificate_reaches_new_connections_without_dropping_open_ones(tmp_path):
+    with live_server(tmp_path, "--cluster", str(EXAMPLES / "cluster")) as server:
+        old_ca = (server.cert_dir / "ca.crt").read_bytes()
+        kept = server.connect()
+        assert post_json(kept, "/validate", example("good-deployment"))[0] == 200
+        issue("admit-guard", "admit-guard", server.cert_dir)  # a new CA and serving certificate
+        # The open connection keeps working on the old certificate.
+        assert post_json(kept, "/validate", example("good-deployment"))[0] == 200
+        kept.close()
+        # New connections get the new one: verified by the new CA, refused by the old.
+        fresh = server.connect()
+        fresh.request("GET", "/healthz")
+        assert fresh.getresponse().status == 200
+        served = x509.load_der_x509_certificate(fresh.sock.getpeercert(binary_form=True))
+        assert served.public_bytes(Encoding.PEM) == (server.cert_dir / "tls.crt").read_bytes()
+        fresh.close()
+        stale = server.connect()
+        stale._context = ssl.create_default_context(cadata=old_ca.decode())
+        with pytest.raises(ssl.SSLCertVerificationError):
+            stale.request("GET", "/healthz")
+
+
+def _metric(server, name: str, **labels: str) -> float:
+    conn = server.connect()
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    conn.close()
+    return metric_sum(text, name, **labels)
+
+
+def test_a_graceful_shutdown_writes_every_decision_line(tmp_path):
+    with live_server(tmp_path, "--cluster", str(EXAMPLES / "cluster")) as s:
+        conn = s.connect()
+        for _ in range(200):
+            status, _reply = post_json(conn, "/validate", example("incident-1-pinned-deployment"))
+            assert status == 200
+        conn.close()
+    decisions = [
+        line for line in s.log.read_text().splitlines() if line.startswith("{") and '"decision"' in line
+    ]
+    assert len(decisions) == 200
+
+
+def test_a_burst_of_connections_is_spread_over_the_workers(server):
+    """16 connections opened together, as the API server opens its pool: each worker takes a
+    share (one worker taking them all halves the replica's capacity while the other idles)."""
+    raw = [socket.create_connection(("127.0.0.1", server.port), timeout=10) for _ in range(16)]
+    context = server.tls_context()
+    conns = []
+    try:
+        for sock in raw:
+            conn = server.connect()
+            conn.sock = context.wrap_socket(sock, server_hostname="localhost")
+            status, _ = post_json(conn, "/validate", example("good-pod-pinned-with-room"))
+            assert status == 200
+            conns.append(conn)
+        ports = {conn.sock.getsockname()[1] for conn in conns}
+        held = {
+            pid: ports & clients
+            for pid, clients in connections_by_worker(server.process.pid, server.port).items()
+        }
+        assert sorted(len(p) for p in held.values()) != [0, 16], held
+        assert sum(len(p) for p in held.values()) == 16
+        assert all(held.values()), {pid: len(p) for pid, p in held.items()}
+    finally:
+        for conn in conns:
+            conn.close()
+        for sock in raw:
+            sock.close()
+
+
+def test_a_restarting_worker_loses_no_new_connection(tmp_path):
+    """A worker told to stop leaves the port's listeners at once: connections opened while it
+    stops and while its replacement boots are all answered, by the other worker or the new one."""
+    with live_server(tmp_path, "--cluster", str(EXAMPLES / "cluster")) as server:
+        stopping = worker_pids(server.process.pid)[0]
+        os.kill(stopping, signal.SIGTERM)
+        deadline = time.monotonic() + 3
+        answered = 0
+        while time.monotonic() < deadline:
+            answered += review(server, "validate", example("good-pod-pinned-with-room"))["allowed"]
+        assert answered > 10
+        assert stopping not in worker_pids(server.process.pid)
+        wait_listening(server.port, 2)  # its replacement listens
+        for _ in range(8):
+            assert review(server, "validate", example("good-pod-pinned-with-room"))["allowed"]

@@ -1,0 +1,154 @@
+"""The audit inside the server: node findings from the state it already holds, as gauges; and
+the operating signals the alerts read (readiness, unchecked decisions)."""
+
+from __future__ import annotations
+
+import json
+import time
+from contextlib import contextmanager
+
+from tests.helpers.builders import node, pod
+from tests.helpers.live_server import metric_sum
+from tests.helpers.paths import EXAMPLES
+from webhook.config import Config, config_from_dict
+from webhook.serve.app import create_app
+from webhook.serve.metrics import Metrics
+from webhook.serve.periodic_audit import PeriodicAudit
+from webhook.state.model import ClusterState, node_from, object_key, pod_record
+from webhook.state.source import FixedState, Readiness, StateView
+
+
+def gpu_state() -> ClusterState:
+    state = ClusterState()
+    state.set_node(node_from(node("gpu-1", extra={"nvidia.com/gpu": "4"})))
+    for name, scheduler in (("a", None), ("b", "volcano")):
+        p = pod(name, node_name="gpu-1", requests={"nvidia.com/gpu": "1"}, scheduler=scheduler)
+        state.set_pod(object_key(p), pod_record(p))
+    return state
+
+
+def findings_gauge(metrics: Metrics, **labels) -> float:
+    return metric_sum(metrics.scrape().decode(), "admit_guard_audit_findings", **labels)
+
+
+def test_the_periodic_audit_publishes_node_findings_and_zeroes_resolved_ones():
+    state, metrics = gpu_state(), Metrics()
+    periodic = PeriodicAudit(FixedState(state), Config(), metrics.audit, 60)
+    [finding] = periodic.run_once()
+    assert (finding.type, finding.name) == ("MixedDeviceScheduler", "gpu-1")
+    assert findings_gauge(metrics, type="MixedDeviceScheduler", namespace="") == 1
+    state.remove_pod("uid-b")
+    assert periodic.run_once() == []
+    text = metrics.scrape().decode()
+    assert 'admit_guard_audit_findings{namespace="",type="MixedDeviceScheduler"} 0.0' in text
+    assert metric_sum(text, "admit_guard_audit_last_run_timestamp_seconds", source="snapshot") > 0
+
+
+def test_the_periodic_audit_counts_storms_in_progress_by_namespace_and_zeroes_ended_ones():
+    from webhook.kube.rejection import Owner
+    from webhook.state.storm import StormBreakers
+
+    state, metrics = ClusterState(StormBreakers(threshold=2, window=60, cooldown=10)), Metrics()
+    owner = Owner("rs-1", "ReplicaSet", "trainer-7d9f", "ml")
+    for n in range(2):
+        state.storm.rejected(owner, f"p{n}", "OutOfcpu", "n1", 100 + n)
+    periodic = PeriodicAudit(FixedState(state), Config(), metrics.audit, 60)
+    periodic.run_once()
+    assert findings_gauge(metrics, type="AdmissionStorm", namespace="ml") == 1
+    state.storm.probe_admitted("rs-1", 120)
+    state.storm.running("rs-1", 121)
+    periodic.run_once()
+    assert findings_gauge(metrics, type="AdmissionStorm", namespace="ml") == 0
+
+
+def test_the_periodic_audit_reads_the_state_one_chunk_of_nodes_at_a_time(monkeypatch):
+    monkeypatch.setattr("webhook.serve.periodic_audit.NODES_PER_CHUNK", 2)
+    state = ClusterState()
+    for i in range(5):
+        state.set_node(node_from(node(f"n{i}")))
+
+    class CountingSource(FixedState):
+        reads = 0
+
+        @contextmanager
+        def reading(self):
+            CountingSource.reads += 1
+            yield StateView(self.state)
+
+    PeriodicAudit(CountingSource(state), Config(), Metrics().audit, 60).run_once()
+    assert CountingSource.reads == 1 + 3  # the node list, then 2 + 2 + 1 nodes
+
+
+def test_without_usable_state_the_audit_leaves_the_gauges_alone():
+    class Unavailable(FixedState):
+        @contextmanager
+        def reading(self):
+            yield StateView(None, "not synced")
+
+    metrics = Metrics()
+    assert PeriodicAudit(Unavailable(None), Config(), metrics.audit, 60).run_once() is None
+    assert "admit_guard_audit_findings{" not in metrics.scrape().decode()
+
+
+def test_serve_with_an_audit_interval_exports_findings_on_metrics():
+    app = create_app(Config(), FixedState(gpu_state()), audit_interval=0.05)
+    client = app.test_client()
+    deadline = time.monotonic() + 10
+    value = 0.0
+    while time.monotonic() < deadline and value == 0:
+        value = metric_sum(client.get("/metrics").get_data(as_text=True), "admit_guard_audit_findings")
+        time.sleep(0.02)
+    assert value == 1
+    app.extensions["admit_guard.periodic_audit"].stop()
+
+
+def test_without_an_audit_interval_no_audit_runs():
+    app = create_app(Config(), FixedState(gpu_state()))
+    assert "admit_guard.periodic_audit" not in app.extensions
+
+
+def test_readiness_and_fail_open_decisions_are_exported():
+    metrics = Metrics()
+    metrics.observe_state(Readiness(False, "listing"), "informer")
+    assert metric_sum(metrics.scrape().decode(), "admit_guard_state_ready", source="informer") == 0
+    client = create_app(config_from_dict({}), FixedState(None)).test_client()
+    review = json.loads((EXAMPLES / "admission" / "good-deployment.json").read_text())
+    review["request"]["object"]["spec"]["template"]["spec"]["containers"][0]["resources"] = {
+        "requests": {"cpu": "lots"}
+    }
+    assert client.post("/validate", json=review).get_json()["response"]["allowed"] is True
+    text = client.get("/metrics").get_data(as_text=True)
+    assert metric_sum(text, "admit_guard_unchecked_decisions_total", answer="fail-open") == 1
+    assert metric_sum(text, "admit_guard_state_ready") == 1
+
+
+def test_the_periodic_audit_makes_no_api_request_of_its_own(tmp_path):
+    from tests.helpers.fake_apiserver import Cluster, FakeApiServer
+    from webhook.state.apiserver import ApiServer
+    from webhook.state.informer import Informer
+
+    cluster = Cluster()
+    cluster.load("nodes", [node("gpu-1", extra={"nvidia.com/gpu": "4"})])
+    cluster.load(
+        "pods",
+        [
+            pod(n, node_name="gpu-1", requests={"nvidia.com/gpu": "1"}, scheduler=s)
+            for n, s in (("a", None), ("b", "volcano"))
+        ],
+    )
+    server = FakeApiServer(cluster)
+    informer = Informer(ApiServer.connect(kubeconfig=server.kubeconfig(tmp_path / "kubeconfig"))).start()
+    try:
+        assert informer.wait_synced(10)
+        deadline = time.monotonic() + 10
+        while len(cluster.requests) < 4 and time.monotonic() < deadline:  # both lists and both watches
+            time.sleep(0.01)
+        before = list(cluster.requests)
+        periodic = PeriodicAudit(informer, Config(), Metrics().audit, 60, "informer")
+        for _ in range(3):
+            [finding] = periodic.run_once()
+            assert finding.type == "MixedDeviceScheduler"
+        assert cluster.requests == before
+    finally:
+        informer.stop()
+        server.close()
