@@ -24,7 +24,7 @@ CLUSTER = ROOT / "examples" / "cluster"
 sys.path.insert(0, str(ROOT))
 
 from webhook.cli import main as cli  # noqa: E402
-from webhook.manifests import StrictLoader  # noqa: E402
+from webhook.formats.manifests import StrictLoader  # noqa: E402
 from webhook.state.gc_pause import collector_paused  # noqa: E402
 
 DEPLOYMENT = """\

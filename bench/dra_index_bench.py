@@ -20,7 +20,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from webhook.checks.device_allocation import judge_allocation
+from webhook.dra.judge import judge_allocation
 from webhook.kube import dra
 from webhook.kube.dra import resource_claim_from
 from webhook.state.devices import DeviceIndex

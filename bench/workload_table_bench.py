@@ -31,7 +31,7 @@ from webhook.cli import main as cli  # noqa: E402
 from webhook.config import Config  # noqa: E402
 from webhook.dryrun import Result  # noqa: E402
 from webhook.engine import evaluate  # noqa: E402
-from webhook.manifests import Document, Location  # noqa: E402
+from webhook.formats.manifests import Document, Location  # noqa: E402
 from webhook.state.snapshot import load_snapshot  # noqa: E402
 
 CONTAINER = {

@@ -18,9 +18,9 @@ from typing import Any, Literal, TypedDict
 import jsonpatch
 import orjson
 
-from . import deep_json
 from .config import Config
 from .engine import Decision, Violation, evaluate
+from .formats import deep_json
 from .kube.errors import FieldError
 from .state import ClusterState
 

@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 
 from . import admission
 from .admission import VALIDATE, AdmissionRequest, Outcome, allowed_unchecked, deny, is_claim_status, respond
-from .checks.device_allocation import missing_pools
 from .config import Config
 from .coordination.allocations import MAX_RESULTS, InFlight, counts, in_flight, kept
 from .coordination.budget import Budget, Busy, DeadlineExceeded
@@ -40,6 +39,7 @@ from .coordination.transaction import (
     TableFailed,
     Transaction,
 )
+from .dra.judge import missing_pools
 from .engine import Decision, apply_finding
 from .kube.dra import ResourceClaim, resource_claim_from
 from .kube.errors import FieldError

@@ -28,13 +28,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .checks import kubelet_admission
-from .checks.device_allocation import (
+from .config import Config, StormBreakerConfig
+from .dra.judge import (
     ALREADY_ALLOCATED,
     CAPACITY_EXCEEDED,
     COUNTERS_EXCEEDED,
     judge_allocation,
 )
-from .config import Config, StormBreakerConfig
 from .kube.quantity import format_amount
 from .kube.rejection import Owner
 from .kube.resources import is_extended_resource

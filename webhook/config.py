@@ -14,6 +14,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
+from .formats.reader import Reader, ReadError, load_yaml
 from .globs import globs_overlap, matches_any
 from .kube.workloads import BUILT_IN, FieldPath, WorkloadKind, WorkloadTable, is_built_in
 from .policies import ALL_MODES as MODES
@@ -23,7 +24,6 @@ from .policies.node_admission import NodeAdmissionConfig, ReservationsConfig, Un
 from .policies.pinned_node_name import PinnedNodeNameConfig
 from .policies.registry import NAMES, POLICIES
 from .policies.storm_breaker import StormBreakerConfig
-from .reader import Reader, ReadError, load_yaml
 
 # Names other modules import from here; each is defined next to the policy it configures.
 __all__ = [

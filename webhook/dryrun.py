@@ -20,12 +20,20 @@ from .checks import PodUnderReview
 from .checks.sysctl import pod_sysctls
 from .config import POLICY_NAMES, Config
 from .engine import Decision, evaluate
+from .formats.manifests import (
+    HELM_HINT,
+    TEMPLATE,
+    Document,
+    Location,
+    ManifestError,
+    Manifests,
+    read_documents,
+)
 from .kube.api_validation import check_resource_requirements
 from .kube.errors import FieldError
 from .kube.kinds import api_problem, namespaced
 from .kube.rejection import controller_owner
 from .kube.workloads import BUILT_IN, TemplateShape, WorkloadTable, pod_shape
-from .manifests import HELM_HINT, TEMPLATE, Document, Location, ManifestError, Manifests, read_documents
 from .policies import Mode
 from .policies.node_admission import NO_CLUSTER_STATE
 from .state import ClusterState

@@ -18,15 +18,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from .checks import PodUnderReview
-from .checks.placement import placement, unpinned
-from .checks.scheduler import AFFINITY, PORTS, UNSCHEDULABLE, tolerations_of
 from .config import Config
 from .dryrun import check_api_rules, judge_documents
+from .formats.manifests import ManifestError
 from .kube.reasons import TOPOLOGY_AFFINITY_ERROR
-from .manifests import ManifestError
 from .policies import device_scheduler
 from .policies.device_scheduler import REASON as MIXED
 from .policies.device_scheduler import owned_by_others
+from .scheduler.filters import AFFINITY, PORTS, UNSCHEDULABLE, tolerations_of
+from .scheduler.placement import placement, unpinned
 from .state import ClusterState
 
 # Short words for the summary; resource shortages keep theirs (``Insufficient cpu``, ``OutOfcpu``).

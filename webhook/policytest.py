@@ -20,10 +20,10 @@ import yaml
 
 from .config import Config, StormBreakerConfig, read_config
 from .engine import Decision, evaluate
+from .formats.manifests import Document, ManifestError, documents_in
+from .formats.reader import Reader, ReadError, load_yaml
 from .kube.errors import FieldError
 from .kube.timestamps import rfc3339_seconds
-from .manifests import Document, ManifestError, documents_in
-from .reader import Reader, ReadError, load_yaml
 from .state import ClusterState, node_from, pod_record
 from .state.devices import DeviceIndex
 from .state.model import object_key

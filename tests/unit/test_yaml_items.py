@@ -6,9 +6,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from webhook.json_items import NotStreamable
-from webhook.manifests import StrictLoader
-from webhook.yaml_items import list_items
+from webhook.formats.json_items import NotStreamable
+from webhook.formats.manifests import StrictLoader
+from webhook.formats.yaml_items import list_items
 
 PIECES = [
     *"0123456789yYnNoOeE.:_-+xXbB~aAtTrRuUfFlLsSiI \"'[]{},&*!|>%@`?#=<\\",

@@ -67,7 +67,7 @@ def manifest_options(help: str):
     def decorate(command):
         @functools.wraps(command)
         def with_manifests(*args, files, kustomizations, exclude, namespace, **kwargs):
-            from ..manifests import Manifests
+            from ..formats.manifests import Manifests
 
             if not files and not kustomizations:
                 raise click.UsageError("give the manifests: -f FILE|DIR|- or -k DIR (repeatable)")

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from ..certs import Issued
     from ..dryrun import Result, Summary
     from ..explain import Explanation
-    from ..manifests import ManifestError
+    from ..formats.manifests import ManifestError
     from ..policytest import SuiteRun
     from .options import ClusterView
 
@@ -170,7 +170,7 @@ def _subject(result: Result) -> str:
 def check_junit(results: list[Result], errors: list[ManifestError], path: str, warnings_fail: bool) -> None:
     """One test case per object (a suite per file): denials fail, and warnings with
     ``--warnings-as-errors``; kinds that create no pods are skipped; input errors are errors."""
-    from ..junit import Case, write
+    from ..formats.junit import Case, write
 
     cases = []
     for result in results:
@@ -301,7 +301,7 @@ def audit_junit(report: Report, path: str) -> None:
     """One failing test case per finding (a suite per finding type), one passing case per
     type found clean, one skipped case per type the input could not show."""
     from ..audit import TYPES
-    from ..junit import Case, write
+    from ..formats.junit import Case, write
 
     cases = [
         Case(

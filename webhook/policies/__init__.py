@@ -24,7 +24,7 @@ from ..state.model import Node, NodeUsage
 
 if TYPE_CHECKING:
     from ..config import Config
-    from ..reader import Reader
+    from ..formats.reader import Reader
     from ..state import ClusterState
 
 Patch = tuple[dict[str, Any], ...]

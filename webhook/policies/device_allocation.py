@@ -25,14 +25,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..checks.device_allocation import REASONS as ALLOCATION_REASONS
-from ..checks.device_allocation import judge_allocation
+from ..dra.judge import REASONS as ALLOCATION_REASONS
+from ..dra.judge import judge_allocation
 from ..kube.dra import ResourceClaim, allocation_written
 from ..kube.errors import FieldError
 from . import ANY_OBJECT, NO_FIX, Allocation, Bind, Context, Finding, Mode, Review, read_mode
 
 if TYPE_CHECKING:
-    from ..reader import Reader
+    from ..formats.reader import Reader
     from ..state import ClusterState
 
 NAME = "deviceAllocation"

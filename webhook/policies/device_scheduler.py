@@ -26,15 +26,15 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING, Any
 
-from ..checks.scheduler import placeable, tolerations_of
 from ..globs import globs_overlap, matches_any
 from ..kube.selectors import LABEL_OPERATORS, LabelSelector
 from ..kube.workloads import display_path
+from ..scheduler.filters import placeable, tolerations_of
 from ..state.model import DEFAULT_SCHEDULER
 from . import ALL_MODES, POD_FIELDS, Allocation, Bind, Context, Finding, Mode, Review, read_mode
 
 if TYPE_CHECKING:
-    from ..reader import Reader
+    from ..formats.reader import Reader
     from ..state import ClusterState
     from ..state.model import Node
 

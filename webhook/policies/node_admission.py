@@ -13,21 +13,21 @@ from typing import TYPE_CHECKING, Any
 from ..checks import kubelet_admission
 from ..checks.kubelet import KubeletConfig
 from ..checks.node_affinity import node_affinity_mismatch
-from ..checks.placement import candidates
-from ..checks.scheduler import SCHEDULING_EFFECTS, tolerations_of
 from ..checks.sysctl import forbidden_sysctl, pod_sysctls
 from ..checks.topology import CPU, is_memory
 from ..globs import matches_any
 from ..kube.reasons import SYSCTL_FORBIDDEN
 from ..kube.sysctls import namespace_of, normalize
 from ..kube.tolerations import untolerated_taint
+from ..scheduler.filters import SCHEDULING_EFFECTS, tolerations_of
+from ..scheduler.placement import candidates
 from ..state.model import Node, is_mirror
 from ..state.topology import POLICIES, SCOPES, NodeTopology
 from . import NO_FIX, POD_FIELDS, Bind, Context, Finding, Mode, Review, device_scheduler, read_mode
 from .device_scheduler import DeviceSchedulerConfig, owned_by_others
 
 if TYPE_CHECKING:
-    from ..reader import Reader
+    from ..formats.reader import Reader
     from ..state import ClusterState
 
 NAME = "nodeAdmission"

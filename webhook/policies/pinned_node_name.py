@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..checks import kubelet_admission
-from ..checks.placement import verdict
 from ..kube.errors import FieldError
 from ..kube.selectors import is_empty_term
 from ..kube.workloads import display_path
+from ..scheduler.placement import verdict
 from . import (
     ALL_MODES,
     POD_SHAPE,
@@ -32,7 +32,7 @@ from . import (
 from .node_admission import fits_elsewhere
 
 if TYPE_CHECKING:
-    from ..reader import Reader
+    from ..formats.reader import Reader
     from ..state import ClusterState
     from .device_scheduler import DeviceSchedulerConfig
     from .node_admission import NodeAdmissionConfig

@@ -18,7 +18,7 @@ from ..state.storm import Breaker
 from . import NO_FIX, POD_SHAPE, Context, Finding, Mode, Review, read_mode
 
 if TYPE_CHECKING:
-    from ..reader import Reader
+    from ..formats.reader import Reader
 
 NAME = "stormBreaker"
 REASON = "AdmissionStorm"

@@ -33,7 +33,7 @@ Around the path: ``gunicorn.py`` (``GuardServer``, ``ServeOptions``: gunicorn bu
 ``periodic_audit.py`` (``serve --audit-interval``), ``metric_files.py`` (the metrics'
 multi-process files), and ``limits.py``: every limit a client meets on the way, in one place.
 
-One chunked decoder: ``webhook/chunked.py`` frames chunked requests in the loop and decodes the
+One chunked decoder: ``webhook/formats/chunked.py`` frames chunked requests in the loop and decodes the
 informer's watch streams (``state/apiserver.py``), with one grammar and one set of caps; the
 server adds only its body limits. It lives below both packages because the informer is below
 this one. Once the loop has framed a request, gunicorn's parser reads its body again from the

@@ -2,7 +2,7 @@
 
 Only the framing is read (where the head ends, Content-Length or the chunks): gunicorn parses
 the request itself once it is whole, from the same bytes. A chunked body is framed by the
-decoder the informer's watch streams share (``webhook/chunked.py``), with the server's limits
+decoder the informer's watch streams share (``webhook/formats/chunked.py``), with the server's limits
 on top: the body limit, and twice it for the whole coding.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..chunked import BARE_LF, ChunkedDecoder, ChunksTooLarge, MalformedChunks
+from ..formats.chunked import BARE_LF, ChunkedDecoder, ChunksTooLarge, MalformedChunks
 from .limits import MAX_HEAD
 
 INCOMPLETE, COMPLETE, TOO_LARGE, MALFORMED = "incomplete", "complete", "too large", "malformed"

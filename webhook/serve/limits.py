@@ -3,7 +3,7 @@
 The flags of ``admit-guard serve`` default to these (``--max-body-bytes``,
 ``--request-timeout``, ``--first-byte-timeout``, ``--worker-connections``,
 ``--max-buffered-bytes``); the rest are fixed. The chunked coding's own caps
-(``MAX_CHUNK_LINE``, ``MAX_TRAILERS``) are the decoder's (``webhook/chunked.py``), which the
+(``MAX_CHUNK_LINE``, ``MAX_TRAILERS``) are the decoder's (``webhook/formats/chunked.py``), which the
 informer shares: they are named here so that this table is whole.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..chunked import MAX_CHUNK_LINE, MAX_TRAILERS
+from ..formats.chunked import MAX_CHUNK_LINE, MAX_TRAILERS
 
 __all__ = [
     "BUFFER_SHARE",

@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 import urllib3
 
-from ..chunked import ChunkedDecoder, MalformedChunks
+from ..formats.chunked import ChunkedDecoder, MalformedChunks
 from .gc_pause import collector_paused
 from .list_body import UnreadableList, list_items
 
@@ -316,7 +316,7 @@ def _dechunked(fp) -> Iterator[bytes]:
     """The body of a chunked response, read from its socket file in large reads.
 
     The API server sends every watch event as a chunk of its own; urllib3 costs a few
-    microseconds of Python per chunk, the shared decoder (``webhook/chunked.py``) a fraction of
+    microseconds of Python per chunk, the shared decoder (``webhook/formats/chunked.py``) a fraction of
     that. Yields, per read, the data of the chunks it completed, and the part of a chunk longer
     than the read as it arrives (so a large chunk is never copied again). Ends after the last
     chunk and its trailer section. The caller closes the connection (it is never reused after

@@ -15,10 +15,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+from ..formats.manifests import Document, ManifestError
 from ..kube.errors import FieldError
 from ..kube.rejection import Owner, admission_rejection, controller_owner
 from ..kube.workloads import BUILT_IN, PodShape, TemplateShape, WorkloadTable, api_group, pod_shape
-from ..manifests import Document, ManifestError
 from .devices import DeviceIndex
 from .model import ClusterState, PodUnderReview, node_from, object_key, pod_record
 from .snapshot import DRA_KINDS, SnapshotError, SnapshotFacts, read_snapshot

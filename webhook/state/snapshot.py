@@ -16,14 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
-from ..json_items import NotStreamable
-from ..json_items import list_items as json_list_items
+from ..formats.json_items import NotStreamable
+from ..formats.json_items import list_items as json_list_items
+from ..formats.manifests import Document, Location, ManifestError, list_item, manifest_files, read_documents
+from ..formats.yaml_items import list_items as yaml_list_items
 from ..kube.errors import FieldError
 from ..kube.kinds import NODE_RESOURCE_TOPOLOGY
 from ..kube.timestamps import object_time
 from ..kube.workloads import api_group
-from ..manifests import Document, Location, ManifestError, list_item, manifest_files, read_documents
-from ..yaml_items import list_items as yaml_list_items
 from .devices import DeviceIndex
 from .gc_pause import collector_paused
 from .model import TERMINAL_PHASES, ClusterState, node_from, object_key, pod_record

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.helpers.dra_builders import DRIVER, claim, device, gpus, request, resource_slice, result
-from webhook.checks.device_allocation import (
+from webhook.dra.judge import (
     REASONS,
     consumed_from_request,
     judge_allocation,

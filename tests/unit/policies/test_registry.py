@@ -17,11 +17,11 @@ import pytest
 from tests.helpers.paths import ROOT
 from webhook.checks import KUBELET_CHECKS
 from webhook.checks.kubelet import CRITICAL_POD_REASONS
+from webhook.formats.reader import Reader
 from webhook.kube.reasons import EVICTED, out_of
 from webhook.kube.rejection import REJECTED_PREFIX, admission_rejection
 from webhook.policies import ALL_MODES, ANY_OBJECT, POD_FIELDS, POD_SHAPE, StaticPolicy
 from webhook.policies.registry import POLICIES
-from webhook.reader import Reader
 
 
 @pytest.mark.parametrize("policy", POLICIES, ids=lambda p: p.NAME)

@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.helpers.builders import container, pod
-from webhook.json_items import NotStreamable, list_items
-from webhook.manifests import Location, documents_in, list_item, read_documents
+from webhook.formats.json_items import NotStreamable, list_items
+from webhook.formats.manifests import Location, documents_in, list_item, read_documents
 from webhook.state.snapshot import SnapshotError, load_snapshot
 
 json_values = st.recursive(

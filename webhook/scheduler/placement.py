@@ -14,12 +14,12 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from ..checks.dynamic_resources import dynamic_resources
+from ..checks.failure import Failure
+from ..checks.kubelet import KubeletConfig, PodUnderReview, kubelet_admission
 from ..kube.resources import is_extended_resource
 from ..state.model import ClusterState, Node
-from .dynamic_resources import dynamic_resources
-from .failure import Failure
-from .kubelet import KubeletConfig, PodUnderReview, kubelet_admission
-from .scheduler import placeable, scheduler_filters
+from .filters import placeable, scheduler_filters
 
 MESSAGE_SCAN = 32  # nodes examined for a denial message
 MESSAGE_NAMES = 3  # nodes named in it

@@ -17,13 +17,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..checks.kubelet import PodUnderReview
 from ..kube.ports import port_conflicts
 from ..kube.resources import is_scalar_resource
 from ..kube.selectors import matches_node_selector_and_affinity
 from ..kube.tolerations import Taint, tolerates, untolerated_taint
 from ..kube.workloads import PodShape
 from ..state.model import Node, NodeUsage
-from .kubelet import PodUnderReview
 
 # What the DaemonSet controller adds to every pod it creates (``util.AddOrUpdateDaemonPodTolerations``):
 # its pods land on not-ready, unreachable, pressured and cordoned nodes all the same.
