@@ -113,9 +113,7 @@ def test_rejected_pods_are_grouped_under_the_deployment_that_owns_their_replica_
 
 
 def rejected_group(count, owner=None, labels=lambda i: (("app", "web"),)):
-    pods = [
-        RejectedPod("default", f"p{i}", owner, "OutOfpods", "n", "", labels(i)) for i in range(count)
-    ]
+    pods = [RejectedPod("default", f"p{i}", owner, "OutOfpods", "n", "", labels(i)) for i in range(count)]
     return storms.StormGroup("default", owner, pods)
 
 
