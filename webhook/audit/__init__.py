@@ -32,6 +32,8 @@ __all__ = [
 
 # The policies judged per node: the server's periodic audit takes their nodes a chunk at a time.
 NODE_POLICIES = tuple(policy for policy in AUDIT_POLICIES if policy.AUDIT_READS == PODS)
+# What each finding type is judged from (``Inventory.missing`` names the inputs not read).
+AUDIT_READS_OF = {found: policy.AUDIT_READS for policy in AUDIT_POLICIES for found in policy.AUDITS}
 
 
 def audited(config: Config, finding_type: str) -> bool:
@@ -74,9 +76,6 @@ def unjudged(inventory: Inventory) -> dict[str, str]:
         for finding_type in TYPES
         if AUDIT_READS_OF[finding_type] == read
     }
-
-
-AUDIT_READS_OF = {found: policy.AUDIT_READS for policy in AUDIT_POLICIES for found in policy.AUDITS}
 
 
 def node_findings(state: ClusterState, config: Config, names: Iterable[str]) -> list:

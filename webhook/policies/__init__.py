@@ -272,7 +272,9 @@ class Policy(Protocol):
     #       periodic audit): findings with a severity, a subject and a count, of the types in
     #       ``AUDITS`` (a tuple, in report order), read from the inventory's ``AUDIT_READS``
     #       (``state.inventory.WORKLOADS``, ``FAILED_PODS``, ``PODS``: per node, or ``CLAIMS``);
-    #       where that input was not read, the audit says the types were not judged.
+    #       where that input was not read, the audit says the types were not judged. With it,
+    #       ``audit_terms(config) -> dict``: settings the report states in its summary
+    #       (``stormThreshold``).
     #   check_stateless(review: Review, context: Context) -> list[Finding]
     #       ``check`` without cluster state (``admit-guard check`` with no ``--cluster``): what
     #       the policy can still say of one template, as advisory ``NO_CLUSTER_STATE`` findings
