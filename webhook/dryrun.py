@@ -17,9 +17,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from .checks import PodUnderReview
-from .checks.sysctl import pod_sysctls
 from .config import POLICY_NAMES, Config
-from .engine import Decision, evaluate
+from .engine import Decision, apply_finding, evaluate
 from .formats.manifests import (
     HELM_HINT,
     TEMPLATE,
@@ -32,10 +31,9 @@ from .formats.manifests import (
 from .kube.api_validation import check_resource_requirements
 from .kube.errors import FieldError
 from .kube.kinds import api_problem, namespaced
-from .kube.rejection import controller_owner
-from .kube.workloads import BUILT_IN, TemplateShape, WorkloadTable, pod_shape
-from .policies import Mode
-from .policies.node_admission import NO_CLUSTER_STATE
+from .kube.workloads import BUILT_IN, WorkloadTable, pod_shape
+from .policies import Context, Mode, Review
+from .policies.registry import STATELESS_POLICIES
 from .state import ClusterState
 
 T = TypeVar("T")
@@ -303,62 +301,29 @@ def stateless_warnings(
     groups: tuple[str, ...],
 ) -> list[str]:
     """A warning for each check that needs cluster state and had none, naming the check, so
-    that ``--warnings-as-errors`` fails a run that could not check what it claims to. Every
-    template counts: an operator's kind (a PyTorchJob's workers) warns as a Deployment does.
-    (``nodeAdmission``'s check of a pod bound to a node warns from the engine itself.)"""
+    that ``--warnings-as-errors`` fails a run that could not check what it claims to: what
+    each policy's ``check_stateless`` says of each template (an operator's kind, a PyTorchJob's
+    workers, warns as a Deployment does). A pod bound to a node warns from the engine itself."""
     if decision.pod is None or operation not in ("CREATE", "UPDATE"):
         return []
-    namespace = str(_metadata(obj).get("namespace") or "default")
-    name = _metadata(obj).get("name") or _metadata(obj).get("generateName") or "<unnamed>"
-
-    def active(policy: str) -> bool:
-        return config.active(policy, namespace, user, groups) != Mode.OFF
-
-    warnings = []
+    context = Context(None, config)
+    stateless = Decision()
     for template in config.workloads.shapes(obj) or ():
-        shape = template.shape
-        where = f" ({template.where})" if template.where else ""
-        subject = f"{shape.kind} {namespace}/{name}{where}"
-        if active("deviceScheduler"):
-            warnings += _device_owner_unknown(subject, template, config)
-        if active("nodeAdmission") and not shape.spec.get("nodeName") and pod_sysctls(shape.spec):
-            warnings.append(
-                f"[nodeAdmission] {NO_CLUSTER_STATE}: {subject} sets sysctls "
-                f"({', '.join(pod_sysctls(shape.spec))}), but no cluster state was given, so the "
-                "nodes' sysctl allowlists were not checked (give --cluster)."
-            )
-    owner = controller_owner(obj)
-    if active("stormBreaker") and obj.get("kind") == "Pod" and operation == "CREATE" and owner:
-        warnings.append(
-            f"[stormBreaker] {NO_CLUSTER_STATE}: Pod {namespace}/{name} is created by {owner.kind} "
-            f"{owner.name}, but no cluster state was given, so its owner's admission storms were "
-            "not checked (give --cluster)."
+        review = Review(
+            obj,
+            template.shape,
+            PodUnderReview.from_shape(template.shape),
+            operation,
+            user=user,
+            template=template.where,
+            scheduler_default=template.scheduler,
         )
-    return warnings
-
-
-def _device_owner_unknown(subject: str, template: TemplateShape, config: Config) -> list[str]:
-    settings = config.device_scheduler
-    shape = template.shape
-    if not settings.autodetect:
-        return []  # only configured owners count: cluster state would change nothing
-    annotations = shape.metadata.get("annotations") or {}
-    if any(key in annotations for key, _ in settings.annotations):
-        return []
-    unowned = sorted(
-        resource
-        for resource, amount in PodUnderReview.from_shape(shape).record.requests.items()
-        if amount > 0 and settings.is_device(resource) and settings.configured_owner(resource) is None
-    )
-    if not unowned:
-        return []
-    scheduler = template.scheduler
-    return [
-        f"[deviceScheduler] {NO_CLUSTER_STATE}: {subject} asks for {', '.join(unowned)} with "
-        f"schedulerName {scheduler!r}, but no owner is configured for it and no cluster state was "
-        "given to detect one, so device ownership was not checked (give --cluster, or set "
-        "policies.deviceScheduler.owners)."
-    ]
+        for policy in STATELESS_POLICIES:
+            mode = config.active(policy.NAME, review.namespace, user, groups)
+            if mode != Mode.OFF:
+                for finding in policy.check_stateless(review, context):
+                    apply_finding(stateless, policy.NAME, mode, finding)
+    return stateless.warnings
 
 
 def exemption(obj: Mapping[str, Any], config: Config, user: str, groups: tuple[str, ...]) -> Exempted | None:

@@ -7,7 +7,7 @@ both say yes; they differ on purpose (a CPU-only node's kubelet ignores the GPUs
 for, the scheduler does not), and where they differ, both are shown. The summary has the
 scheduler's shape ("0/5 nodes fit: 3 Insufficient nvidia.com/gpu, 2 untolerated taint"),
 counting each node once by its first reason: the scheduler's, else the kubelet's. It counts
-nodes as ``check``'s messages do (``checks.placement``).
+nodes as ``check``'s messages do (``scheduler.placement``).
 """
 
 from __future__ import annotations

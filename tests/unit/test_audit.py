@@ -20,8 +20,9 @@ from tests.helpers.paths import FIXTURES, ROOT
 from webhook import audit
 from webhook.cli import main
 from webhook.config import Config, config_from_dict
+from webhook.policies.storm_breaker import storms
 from webhook.state.apiserver import Page
-from webhook.state.inventory import InventoryBuilder, Progress, live_inventory
+from webhook.state.inventory import InventoryBuilder, Progress, RejectedPod, live_inventory
 
 SCHEMAS = FIXTURES / "schemas"
 CRDS = {
@@ -111,17 +112,15 @@ def test_rejected_pods_are_grouped_under_the_deployment_that_owns_their_replica_
 
 
 def rejected_group(count, owner=None, labels=lambda i: (("app", "web"),)):
-    pods = [
-        audit.RejectedPod("default", f"p{i}", owner, "OutOfpods", "n", "", labels(i)) for i in range(count)
-    ]
-    return audit.StormGroup("default", owner, pods)
+    pods = [RejectedPod("default", f"p{i}", owner, "OutOfpods", "n", "", labels(i)) for i in range(count)]
+    return storms.StormGroup("default", owner, pods)
 
 
 def test_a_small_storm_is_cleaned_up_by_name_deleting_exactly_the_pods_counted():
-    assert audit.cleanup_command(rejected_group(2)) == "kubectl delete pods -n default p0 p1"
-    command = audit.cleanup_command(rejected_group(audit.CLEANUP_NAMES_LIMIT))
+    assert storms.cleanup_command(rejected_group(2)) == "kubectl delete pods -n default p0 p1"
+    command = storms.cleanup_command(rejected_group(storms.CLEANUP_NAMES_LIMIT))
     assert "--field-selector" not in command and "-l " not in command
-    assert command.split()[5:] == [f"p{i}" for i in range(audit.CLEANUP_NAMES_LIMIT)]
+    assert command.split()[5:] == [f"p{i}" for i in range(storms.CLEANUP_NAMES_LIMIT)]
 
 
 def test_a_large_storm_is_cleaned_up_by_labels_and_phase_and_says_it_deletes_every_failed_pod():
@@ -134,7 +133,7 @@ def test_a_large_storm_is_cleaned_up_by_labels_and_phase_and_says_it_deletes_eve
 
 
 def test_a_large_storm_without_shared_labels_says_the_command_deletes_the_namespaces_failed_pods():
-    command = audit.cleanup_command(rejected_group(30, labels=lambda i: (("i", str(i)),)))
+    command = storms.cleanup_command(rejected_group(30, labels=lambda i: (("i", str(i)),)))
     assert command.startswith("kubectl delete pods -n default --field-selector=status.phase=Failed (")
     assert "-l " not in command
     assert "deletes every Failed pod in namespace default, whatever made it fail" in command
@@ -173,8 +172,8 @@ def test_below_the_storm_threshold_is_not_a_storm():
 
 def test_the_storm_threshold_follows_the_storm_breaker_config():
     config = config_from_dict({"policies": {"stormBreaker": {"threshold": 5}}})
-    assert audit.storm_settings(config).threshold == 5
-    assert audit.storm_settings(Config()).threshold == 20
+    assert audit.run_audit(inventory(), config, NOW).summary["stormThreshold"] == 5
+    assert audit.run_audit(inventory(), Config(), NOW).summary["stormThreshold"] == 20
 
 
 def test_container_failures_are_not_counted_as_a_storm():
@@ -722,7 +721,7 @@ def test_every_rejected_pod_lands_in_one_group_under_the_root_of_its_chain(fores
         rejected(f"p{j}", ("ReplicaSet", f"w{o}", f"w{o}") if o >= 0 else None)
         for j, o in enumerate(pod_owners)
     ]
-    groups = audit.storm_groups(inventory(*workload_chain(parents), *pods))
+    groups = storms.storm_groups(inventory(*workload_chain(parents), *pods))
     placed = {p.name: (g.owner.uid if g.owner else None) for g in groups for p in g.pods}
     assert sum(g.count for g in groups) == len(pods)
 
@@ -738,7 +737,7 @@ def test_an_ownership_loop_ends_the_walk_instead_of_hanging():
     a, b = workload_chain([-1, 0])
     owned(a, "ReplicaSet", "w1", "w1")  # w0 -> w1 -> w0
     pods = [rejected(f"p{i}", ("ReplicaSet", "w0", "w0")) for i in range(3)]
-    [group] = audit.storm_groups(inventory(a, b, *pods))
+    [group] = storms.storm_groups(inventory(a, b, *pods))
     assert group.owner.uid in {"w0", "w1"} and group.count == 3
 
 

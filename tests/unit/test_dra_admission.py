@@ -193,26 +193,29 @@ def test_a_bind_of_a_pod_whose_claim_is_allocated_for_another_node_is_denied(tmp
 
 
 def test_the_audit_reports_a_device_handed_out_twice_with_both_claims_and_their_pods():
-    from webhook.audit import Report, device_findings, policy_reports
+    from webhook.audit import Report, policy_reports, run_audit
+    from webhook.state.inventory import Inventory
 
     first = claim("a", namespace="ml", results=[result("gpu-0")], reserved_for=["trainer-a"])
     second = claim("b", namespace="ml", results=[result("gpu-0")], reserved_for=["trainer-b"])
     state = state_with(slices=[resource_slice(devices=gpus("gpu-0", "gpu-1"))], claims=[first, second])
-    [found] = device_findings(state, config_from_dict({}))
+    [found] = run_audit(Inventory(state), config_from_dict({}), 1000.0).findings
     assert found.type == "DeviceAlreadyAllocated" and found.count == 2 and found.severity == "high"
     assert found.resource == "gpu.example.com/node-1/gpu-0"
     assert "ml/a (pods trainer-a)" in found.message and "ml/b (pods trainer-b)" in found.message
-    reports = policy_reports(Report([found], {}, 20), 1000.0)
+    reports = policy_reports(Report([found], {}), 1000.0)
     assert any(r["policy"] == "deviceAllocation" for report in reports for r in report.get("results", []))
 
 
 def test_the_audit_of_devices_follows_the_policy_mode():
-    from webhook.audit import device_findings
+    from webhook.audit import run_audit
+    from webhook.state.inventory import Inventory
 
     first = claim("a", namespace="ml", results=[result("gpu-0")])
     second = claim("b", namespace="ml", results=[result("gpu-0")])
     state = state_with(slices=[resource_slice(devices=gpus("gpu-0"))], claims=[first, second])
-    assert device_findings(state, config_from_dict({"policies": {"deviceAllocation": {"mode": "off"}}})) == []
+    config = config_from_dict({"policies": {"deviceAllocation": {"mode": "off"}}})
+    assert run_audit(Inventory(state), config, 1000.0).findings == []
 
 
 def test_the_periodic_audit_counts_devices_handed_out_twice():

@@ -6,12 +6,15 @@ exposes what ``Policy`` describes: its name (the config key and the metric label
 reason codes, the modes it supports, what of the object it needs (``READS``), its settings
 (a frozen dataclass and the function that reads them from the config, with errors naming
 the field), ``check(review, context) -> findings``, and the CEL form of its rule when the
-API server can enforce it alone (``STATIC``, else None).
+API server can enforce it alone (``STATIC``, else None). Optional hooks (see ``Policy``) give
+it the other paths: a bind, a DRA allocation, the audit, and ``check`` without cluster state.
+Every path returns the one ``Finding`` type; the engine, the guards, the audit and the dry run
+turn findings into warnings, violations and audit records, each in one place.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol
@@ -26,6 +29,7 @@ if TYPE_CHECKING:
     from ..config import Config
     from ..formats.reader import Reader
     from ..state import ClusterState
+    from ..state.inventory import Inventory
 
 Patch = tuple[dict[str, Any], ...]
 
@@ -54,6 +58,9 @@ NO_FIX = tuple(m for m in ALL_MODES if m != Mode.FIX)  # for policies that canno
 ANY_OBJECT = "object"  # any kind: ``review.shape`` and ``review.pod`` may be None
 POD_SHAPE = "shape"  # a Pod or a workload's pod template: ``review.shape`` is set
 POD_FIELDS = "pod"  # and its requests, ports and sysctls read: ``review.pod`` is set
+
+# The reason of what a policy says without cluster state (``check_stateless``): a check skipped.
+NO_CLUSTER_STATE = "NoClusterState"
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +108,12 @@ class Review:
         return _scheduler(self.old_shape, self.old_scheduler_default)
 
 
+def template_subject(review: Review) -> str:
+    """The object and, of a custom resource, which template: ``PyTorchJob ns/job (spec.x)``."""
+    where = f" ({review.template})" if review.template else ""
+    return f"{review.shape.kind} {review.namespace}/{review.name}{where}"
+
+
 def _scheduler(shape: PodShape | None, default: str | None) -> str:
     own = shape.spec.get("schedulerName") if shape is not None else None
     if isinstance(own, str) and own:
@@ -109,11 +122,26 @@ def _scheduler(shape: PodShape | None, default: str | None) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class Subject:
+    """The object an audit finding is about, as a PolicyReport names it."""
+
+    namespace: str  # "" for cluster-scoped objects (a Node)
+    kind: str
+    name: str
+    api_version: str = ""
+    uid: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Finding:
-    """One thing a policy objects to.
+    """One thing a policy objects to, on any path (an object, a bind, an allocation, the audit,
+    a check without cluster state).
 
     ``fix`` is the JSONPatch that cures it, or None when the policy cannot (or must not) fix
-    it; ``advisory`` findings only ever become warnings (e.g. "no cluster state to check").
+    it; ``advisory`` findings only ever become warnings (e.g. "no cluster state to check"),
+    and from the audit, what it could not judge (``message`` says which input is missing).
+    The audit's findings also say how bad (``severity``: high, medium or low), about what
+    (``subject``), which resource or device, and how many pods or claims (``count``).
     """
 
     reason: str
@@ -121,6 +149,35 @@ class Finding:
     node: str | None = None
     fix: Patch | None = None
     advisory: bool = False
+    severity: str = ""
+    subject: Subject | None = None
+    resource: str = ""
+    count: int = 0
+
+    # The audit report's names for a finding's fields (its JSON contract says ``type``).
+    @property
+    def type(self) -> str:
+        return self.reason
+
+    @property
+    def namespace(self) -> str:
+        return self.subject.namespace if self.subject is not None else ""
+
+    @property
+    def kind(self) -> str:
+        return self.subject.kind if self.subject is not None else ""
+
+    @property
+    def name(self) -> str:
+        return self.subject.name if self.subject is not None else ""
+
+    @property
+    def api_version(self) -> str:
+        return self.subject.api_version if self.subject is not None else ""
+
+    @property
+    def uid(self) -> str:
+        return self.subject.uid if self.subject is not None else ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +222,19 @@ class Allocation:
 
 
 @dataclass(frozen=True, slots=True)
+class AuditScope:
+    """What a policy's ``audit`` judges: an inventory (its ``state``, and for the command's
+    audit the workloads and Failed pods), and of its nodes those in ``nodes``: the server's
+    periodic audit takes a chunk at a time under the state's lock (None: every node)."""
+
+    inventory: Inventory
+    nodes: Sequence[str] | None = None
+
+    def node_names(self) -> Sequence[str]:
+        return self.inventory.state.nodes if self.nodes is None else self.nodes
+
+
+@dataclass(frozen=True, slots=True)
 class StaticPolicy:
     """A policy's rule as a ValidatingAdmissionPolicy (CEL), for rules that need no node
     state: the API server enforces it even while the guard is down (``vap.py`` renders it)."""
@@ -197,6 +267,18 @@ class Policy(Protocol):
     #   check_allocation(allocation: Allocation, context: Context) -> list[Finding]
     #       a ``resourceclaims/status`` write that sets an allocation, judged inside the
     #       allocation guard's coordinated decision, the allocations in flight counted.
+    #   audit(scope: AuditScope, context: Context) -> list[Finding]
+    #       what in the cluster already breaks the rule (``admit-guard audit``, the server's
+    #       periodic audit): findings with a severity, a subject and a count, of the types in
+    #       ``AUDITS`` (a tuple, in report order), read from the inventory's ``AUDIT_READS``
+    #       (``state.inventory.WORKLOADS``, ``FAILED_PODS``, ``PODS``: per node, or ``CLAIMS``);
+    #       where that input was not read, the audit says the types were not judged. With it,
+    #       ``audit_terms(config) -> dict``: settings the report states in its summary
+    #       (``stormThreshold``).
+    #   check_stateless(review: Review, context: Context) -> list[Finding]
+    #       ``check`` without cluster state (``admit-guard check`` with no ``--cluster``): what
+    #       the policy can still say of one template, as advisory ``NO_CLUSTER_STATE`` findings
+    #       naming the check that was skipped.
 
 
 def read_mode(reader: Reader, data: Mapping[str, Any], where: str, allowed: tuple[str, ...]) -> Mode:

@@ -5,7 +5,7 @@ view of which are in use, and the API server never compares one claim's devices 
 another's: the node's driver is the first to notice (``FailedPrepareDynamicResources``), or
 hands one GPU to two pods. The guard sees every ``resourceclaims/status`` write that sets an
 allocation and judges it against every other claim and the ResourceSlices
-(``checks.device_allocation``, after the upstream allocator; dra-allocation-spec §5).
+(``dra.judge``, after the upstream allocator; dra-allocation-spec §5).
 
 A pod created with ``spec.nodeName`` skips the scheduler, so nobody allocates its claims: the
 kubelet's DRA manager (``pkg/kubelet/cm/dra/manager.go: prepareResources``, Kubernetes v1.35)
@@ -21,15 +21,33 @@ Allocations in flight (allowed, not yet in the watch) are the allocation guard's
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..dra.judge import (
+    ALREADY_ALLOCATED,
+    CAPACITY_EXCEEDED,
+    COUNTERS_EXCEEDED,
+    judge_allocation,
+)
 from ..dra.judge import REASONS as ALLOCATION_REASONS
-from ..dra.judge import judge_allocation
 from ..kube.dra import ResourceClaim, allocation_written
 from ..kube.errors import FieldError
-from . import ANY_OBJECT, NO_FIX, Allocation, Bind, Context, Finding, Mode, Review, read_mode
+from ..state.model import CLAIMS
+from . import (
+    ANY_OBJECT,
+    NO_FIX,
+    Allocation,
+    AuditScope,
+    Bind,
+    Context,
+    Finding,
+    Mode,
+    Review,
+    Subject,
+    read_mode,
+)
 
 if TYPE_CHECKING:
     from ..formats.reader import Reader
@@ -42,6 +60,10 @@ REASONS = (*ALLOCATION_REASONS, FAILED_PREPARE, NO_DEVICE_STATE)
 MODES = NO_FIX
 READS = ANY_OBJECT
 STATIC = None  # other claims' allocations live in the guard's state
+# The audit: devices already handed out twice, or their capacity or a counter set over its limit,
+# judged by the same rules as an allocation write (each allocated claim against all the others).
+AUDITS = (ALREADY_ALLOCATED, CAPACITY_EXCEEDED, COUNTERS_EXCEEDED)
+AUDIT_READS = CLAIMS
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,4 +246,65 @@ def claim_elsewhere(pod: str, allocation, node: str, state: ClusterState, then: 
         f"{pod} uses ResourceClaim {allocation.claim}, allocated for devices node {node} cannot use "
         f"(its allocation.nodeSelector excludes {node}): the driver there cannot prepare them. {then}",
         node,
+    )
+
+
+# -- the audit ------------------------------------------------------------------------------
+
+
+def audit(scope: AuditScope, context: Context) -> list[Finding]:
+    """Devices (and their capacity and counters) more claims hold than they may, one finding
+    per device and reason, naming every claim involved and the pods they are reserved for."""
+    state = scope.inventory.state
+    if state.devices is None:
+        return []
+    return device_report(device_groups(state, state.devices.claims()), state)
+
+
+DeviceGroups = dict[tuple[str, str], dict[str, Any]]
+
+
+def device_groups(state: ClusterState, keys: Iterable[str], into: DeviceGroups | None = None) -> DeviceGroups:
+    """The claims over a limit, by (reason, device), for the allocated claims named by ``keys``
+    (a chunk, or all of them: the server's periodic audit reads the claims a chunk at a time)."""
+    groups = into if into is not None else {}
+    for key in keys:
+        allocation = state.devices.claim(key)
+        for found in judge_allocation(allocation, state.devices) if allocation is not None else ():
+            if found.reason in AUDITS:
+                claims = groups.setdefault((found.reason, found.device), {})
+                for ref in (allocation.claim, *found.holders):
+                    claims[str(ref)] = ref
+    return groups
+
+
+def device_report(groups: DeviceGroups, state: ClusterState) -> list[Finding]:
+    return [
+        _device(reason, device, list(claims.values()), state) for (reason, device), claims in groups.items()
+    ]
+
+
+_WHAT = {
+    ALREADY_ALLOCATED: "is allocated to more claims than it allows",
+    CAPACITY_EXCEEDED: "has more of its capacity allocated than it has",
+    COUNTERS_EXCEEDED: "consumes more of its pool's shared counters than there are",
+}
+
+
+def _device(reason: str, device: str, claims: list, state: ClusterState) -> Finding:
+    def users(ref) -> str:
+        held = state.devices.claim(ref.key)
+        pods = [r.name for r in held.reserved_for] if held is not None else []
+        return f"{ref} (pods {', '.join(pods)})" if pods else f"{ref} (no pod yet)"
+
+    first = min(claims, key=str)
+    return Finding(
+        reason,
+        f"{device} {_WHAT[reason]}: {'; '.join(users(c) for c in sorted(claims, key=str))}. The DRA driver "
+        "fails the later pods' prepare (FailedPrepareDynamicResources) or hands one device to two "
+        "pods; delete the pods of all but one claim so the scheduler allocates them again.",
+        severity="high",
+        subject=Subject(first.namespace, "ResourceClaim", first.name, "resource.k8s.io/v1", first.uid),
+        resource=device,
+        count=len(claims),
     )

@@ -17,23 +17,28 @@ from ..kube.errors import FieldError
 from ..kube.selectors import is_empty_term
 from ..kube.workloads import display_path
 from ..scheduler.placement import verdict
+from ..state.model import WORKLOADS
 from . import (
     ALL_MODES,
     POD_SHAPE,
+    AuditScope,
     Context,
     Finding,
     Mode,
     Patch,
     Review,
     StaticPolicy,
+    Subject,
     device_scheduler,
     read_mode,
 )
 from .node_admission import fits_elsewhere
 
 if TYPE_CHECKING:
+    from ..config import Config
     from ..formats.reader import Reader
     from ..state import ClusterState
+    from ..state.inventory import PinnedTemplate, Workload
     from .device_scheduler import DeviceSchedulerConfig
     from .node_admission import NodeAdmissionConfig
 
@@ -44,6 +49,8 @@ MODES = ALL_MODES
 # It judges the template's nodeName alone, so an unreadable request elsewhere in the pod
 # cannot make it fail open.
 READS = POD_SHAPE
+AUDITS = (REASON,)
+AUDIT_READS = WORKLOADS
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +100,47 @@ def findings(
     except FieldError as err:
         return [Finding(REASON, f"{message} (Not fixed automatically: {err}.)", node=node)]
     return [Finding(REASON, message, node=node, fix=fix)]
+
+
+def audit(scope: AuditScope, context: Context) -> list[Finding]:
+    """Top-level workloads that pin nodeName, one finding per pinned template; a ReplicaSet of a
+    known Deployment is reported through its Deployment (same template), not twice."""
+    inventory, config = scope.inventory, context.config
+    found = []
+    for workload in inventory.workloads:
+        if not workload.pinned or workload.namespace in config.excluded_namespaces:
+            continue
+        if workload.owner is not None and inventory.workload(workload.owner) is not None:
+            continue
+        found += [_audited(workload, template, inventory.state, config) for template in workload.pinned]
+    return found
+
+
+def _audited(workload: Workload, template: PinnedTemplate, state: ClusterState, config: Config) -> Finding:
+    """The server's message for the template; high when the kubelet would reject one more pod."""
+    review = Review(
+        template.obj,
+        template.shape,
+        template.pod,
+        "CREATE",
+        template=template.where,
+        scheduler_default=template.scheduler,
+    )
+    owners = config.policy(device_scheduler.NAME)
+    [finding] = findings(review, state, config.node_admission, owners)
+    node_name = str(template.shape.spec.get("nodeName"))
+    node = state.nodes.get(node_name)
+    rejects = node is None or bool(
+        kubelet_admission(template.pod, node, state.usage(node.name), config.node_admission.kubelet_for(node))
+    )
+    count = workload.replicas
+    if template.where:  # a custom resource: the replicas beside this template
+        count = replicas(template.obj, template.shape.path) or 1
+    subject = Subject(workload.namespace, workload.kind, workload.name, workload.api_version, workload.uid)
+    severity = "high" if rejects else "medium"
+    return dataclasses.replace(
+        finding, fix=None, node=node_name, severity=severity, subject=subject, count=count
+    )
 
 
 # New pods tried one by one on the node's usage; beyond this many, the rest are not simulated.

@@ -19,3 +19,10 @@ NAMES = tuple(policy.NAME for policy in POLICIES)
 # The policies with a hook for a path, in registry order: what the guards iterate.
 BIND_POLICIES = tuple(policy for policy in POLICIES if hasattr(policy, "check_bind"))
 ALLOCATION_POLICIES = tuple(policy for policy in POLICIES if hasattr(policy, "check_allocation"))
+# The audit's order, which its report keeps (the summary's types; among findings equally severe
+# and many, the first first): storms lead, their damage is done; then the registry's order.
+AUDIT_POLICIES = (
+    storm_breaker,
+    *(policy for policy in POLICIES if hasattr(policy, "audit") and policy is not storm_breaker),
+)
+STATELESS_POLICIES = tuple(policy for policy in POLICIES if hasattr(policy, "check_stateless"))

@@ -20,7 +20,17 @@ from ..kube.errors import FieldError
 from ..kube.rejection import Owner, admission_rejection, controller_owner
 from ..kube.workloads import BUILT_IN, PodShape, TemplateShape, WorkloadTable, api_group, pod_shape
 from .devices import DeviceIndex
-from .model import ClusterState, PodUnderReview, node_from, object_key, pod_record
+from .model import (
+    CLAIMS,
+    FAILED_PODS,
+    PODS,
+    WORKLOADS,
+    ClusterState,
+    PodUnderReview,
+    node_from,
+    object_key,
+    pod_record,
+)
 from .snapshot import DRA_KINDS, SnapshotError, SnapshotFacts, read_snapshot
 
 # The workload kinds the audit reads, as (list resource, kind, apiVersion): a live list's items
@@ -42,6 +52,7 @@ DRA_RESOURCES = (
     ("deviceclasses", "DeviceClass", "resource.k8s.io/v1"),
 )
 WORKLOAD_KINDS = frozenset(kind for _, kind, _ in WORKLOAD_RESOURCES)
+WORKLOAD_LIST = ",".join(resource for resource, _, _ in WORKLOAD_RESOURCES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +115,27 @@ class Inventory:
         if found is not None:
             return found
         return self._by_name.get((owner.kind, owner.namespace, owner.name))
+
+    def missing(self) -> dict[str, str]:
+        """The inputs this inventory lacks (``WORKLOADS`` ...), in the order they are read, and
+        what to add to read them."""
+        missing = {}
+        if not self.workloads:
+            missing[WORKLOADS] = f"no workloads were read: add {WORKLOAD_LIST} to the kubectl get"
+        if not self.facts.failed_pods and not self.rejected:
+            missing[FAILED_PODS] = (
+                "no Failed pods were read: a storm leaves them behind (none in the cluster, or the "
+                "snapshot left them out)"
+            )
+        if not self.pods_read:
+            missing[PODS] = "no pods were read: take nodes and pods together ('kubectl get nodes,pods -A')"
+        devices = self.state.devices
+        if not self.claims_listed and (devices is None or not devices.claim_keys()):
+            missing[CLAIMS] = (
+                "no ResourceClaims were read: add resourceslices,resourceclaims,deviceclasses to the "
+                "kubectl get (none in the cluster, or the snapshot left them out)"
+            )
+        return missing
 
     def top_controller(self, owner: Owner) -> Owner:
         """Follow controller references up while the owner is known: Pod → ReplicaSet → Deployment,

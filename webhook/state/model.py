@@ -39,6 +39,13 @@ PRESSURE_CONDITIONS = ("MemoryPressure", "DiskPressure", "PIDPressure")
 MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
 CRITICAL_PRIORITY = 2_000_000_000
 DEFAULT_SCHEDULER = "default-scheduler"
+# What the audit reads of a cluster besides this state (``inventory.Inventory``), by name: a
+# policy's ``AUDIT_READS``. Where one was not read, the findings that need it are not judged
+# (``Inventory.missing``), which is not a clean bill.
+WORKLOADS = "workloads"
+FAILED_PODS = "failed pods"
+PODS = "pods"  # the pods on each node: the audit judges these per node
+CLAIMS = "claims"
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,7 +42,8 @@ def test_every_registered_policy_exposes_the_policy_shape(policy):
 # A new policy, as a module of its own; the registry gains it in its import and its tuple.
 NEW_POLICY = """
 from dataclasses import dataclass
-from webhook.policies import ALL_MODES, POD_SHAPE, Finding, StaticPolicy, read_mode
+from webhook.policies import ALL_MODES, NO_CLUSTER_STATE, POD_SHAPE, Finding, StaticPolicy, Subject, read_mode
+from webhook.state.model import PODS
 
 NAME = "noLatestTag"
 REASONS = ("LatestTag",)
@@ -67,6 +68,26 @@ def check_bind(bind, context):
     images = [c.get("image", "") for c in bind.pod.spec.get("containers", [])]
     return [Finding("LatestTag", f"{bind.pod_name} runs {i} on {bind.node.name}") for i in images
             if i.endswith(":latest")]
+
+def check_allocation(allocation, context):
+    claim = str(allocation.claim.claim)
+    latest = claim.endswith("-latest")
+    return [Finding("LatestTag", f"ResourceClaim {claim} asks for the latest driver")] if latest else []
+
+AUDITS = ("LatestTagNode",)
+AUDIT_READS = PODS
+
+def audit(scope, context):
+    state = scope.inventory.state
+    return [Finding("LatestTagNode", f"node {name} pulls :latest", node=name, severity="medium",
+                    subject=Subject("", "Node", name, "v1"), count=1)
+            for name in scope.node_names() if state.nodes[name].labels.get("tag") == "latest"]
+
+def check_stateless(review, context):
+    images = [c.get("image", "") for c in review.shape.spec.get("containers", [])]
+    said = "{}: where {} points was not checked"
+    return [Finding(NO_CLUSTER_STATE, said.format(review.description, i), advisory=True)
+            for i in images if i.endswith(":latest")]
 """
 USE_IT = """
 import sys, types
@@ -124,11 +145,72 @@ said = "pod ml/p runs a:latest on n1"
 assert outcome.reasons == ["LatestTag"] and said in outcome.response["status"]["message"]
 warned = BindGuard(config, None).review(bind, FixedState(state))
 assert warned.allowed and warned.response["warnings"] == [f"[noLatestTag] LatestTag: {said}"]
+
+# The pipeline routes a bind and a DRA allocation to the guards, which call the hooks.
+import tempfile
+from tests.helpers.dra_builders import claim, gpus, resource_slice, result
+from tests.helpers.claims import state_with, status_update
+from webhook.admission import VALIDATE
+from webhook.allocation import AllocationGuard
+from webhook.coordination.allocations import pool_table
+from webhook.pipeline import Pipeline, read_review
+
+def decide(review, state, config):
+    with tempfile.TemporaryDirectory() as tmp:
+        pipeline = Pipeline(config, FixedState(state), bind_guard=BindGuard(config, None),
+                            allocation_guard=AllocationGuard(config, pool_table(Path(tmp)), None))
+        return pipeline.decide(read_review(json.dumps(review).encode()), VALIDATE, verified=True, now=0.0)
+
+bound = decide(binding("p", "n1"), state, config_from_dict({}))
+assert not bound.allowed and bound.reasons == ["LatestTag"], bound.reasons
+devices = state_with(slices=[resource_slice(devices=gpus("gpu-0", "gpu-1"))])
+latest = claim("gpu-latest", namespace="ml", results=[result("gpu-0")])
+allocated = decide(status_update(latest), devices, config_from_dict({}))
+assert not allocated.allowed and allocated.reasons == ["LatestTag"], allocated.reasons
+assert "ResourceClaim ml/gpu-latest asks for the latest driver" in allocated.response["status"]["message"]
+other = claim("gpu-other", namespace="ml", results=[result("gpu-1")])
+assert decide(status_update(other), devices, config_from_dict({})).allowed
+
+# The audit asks the hook and reports its type like the others'.
+from webhook.audit import node_findings, policy_reports, run_audit
+from webhook.state.inventory import Inventory
+
+state.set_node(node_from(node("n2", labels={"tag": "latest"})))
+report = run_audit(Inventory(state, pods_read=1), config_from_dict({}), 0.0).as_json()
+assert report["findings"] == [{"type": "LatestTagNode", "severity": "medium", "namespace": "", "kind": "Node",
+    "name": "n2", "node": "n2", "resource": "", "count": 1, "message": "node n2 pulls :latest"}], report
+assert report["summary"]["byType"]["LatestTagNode"] == 1
+[node_finding] = node_findings(state, config_from_dict({}), ["n1", "n2"])  # the server's periodic audit
+assert node_finding.type == "LatestTagNode"
+cluster_report = policy_reports(run_audit(Inventory(state, pods_read=1), config_from_dict({}), 0.0), 0.0)[0]
+results = cluster_report["results"]
+assert [r["policy"] for r in results] == ["noLatestTag"], results
+blind = run_audit(Inventory(state), config_from_dict({}), 0.0)
+assert "LatestTagNode" in blind.not_judged, blind.not_judged
+off = config_from_dict({"policies": {"noLatestTag": {"mode": "off"}}})
+assert run_audit(Inventory(state, pods_read=1), off, 0.0).findings == []
+
+# check without cluster state asks the stateless hook.
+from webhook.dryrun import check_documents
+with tempfile.NamedTemporaryFile("w", suffix=".yaml") as manifest:
+    json.dump(pod, manifest)
+    manifest.flush()
+    [checked], errors = check_documents([manifest.name], None, config)
+assert errors == [] and "[noLatestTag] NoClusterState: Pod web/p: where a:latest points was not checked" in (
+    checked.decision.warnings), checked.decision.warnings
+
+# The generated reference pages list it, its hooks and its audit type.
+from webhook.docs import policies_page, reasons_page
+[row] = [line for line in policies_page().splitlines() if line.startswith("| `noLatestTag` |")]
+assert "`check`, `check_bind`, `check_allocation`, `audit`, `check_stateless`" in row, row
+assert "| `LatestTagNode` | policy `noLatestTag`, audit finding |" in reasons_page()
 print("ok")
 """
 
 
-def test_a_policy_is_one_module_and_one_registry_entry_for_config_engine_binds_exemptions_and_vap():
+def test_a_policy_is_one_module_and_one_registry_entry_on_every_path_and_in_the_generated_docs():
+    """Config, engine, exemptions, VAP; a bind and a DRA allocation through the pipeline; the
+    audit (the command's and the server's per-node one); check without state; the docs."""
     script = f"NEW_POLICY = {NEW_POLICY!r}\n" + textwrap.dedent(USE_IT)
     result = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=60

@@ -10,48 +10,27 @@ from __future__ import annotations
 
 import shlex
 from collections import Counter
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..kube.rejection import controller_owner
-from ..state.storm import Breaker
-from . import NO_FIX, POD_SHAPE, Context, Finding, Mode, Review, read_mode
+from ...kube.rejection import controller_owner
+from ...state.model import FAILED_PODS
+from ...state.storm import Breaker
+from .. import NO_CLUSTER_STATE, POD_SHAPE, AuditScope, Context, Finding, Review
+from .settings import MODES, REASON, StormBreakerConfig, read_settings
+from .storms import storm_findings, storm_groups
 
 if TYPE_CHECKING:
-    from ..formats.reader import Reader
+    from ...config import Config
+
+__all__ = ["MODES", "StormBreakerConfig", "read_settings"]
 
 NAME = "stormBreaker"
-REASON = "AdmissionStorm"
 REASONS = (REASON,)
-MODES = NO_FIX
 READS = POD_SHAPE
 STATIC = None  # the breakers live in the guard
-
-
-@dataclass(frozen=True, slots=True)
-class StormBreakerConfig:
-    mode: Mode = Mode.ENFORCE
-    threshold: int = 20
-    window_seconds: float = 300.0
-    cooldown_seconds: float = 120.0
-
-
 Settings = StormBreakerConfig
-
-
-def read_settings(reader: Reader, data: Any, where: str) -> StormBreakerConfig:
-    data = reader.mapping(data, where, {"mode", "threshold", "windowSeconds", "cooldownSeconds"})
-    defaults = StormBreakerConfig()
-    return StormBreakerConfig(
-        mode=read_mode(reader, data, where, MODES),
-        threshold=int(reader.number(data.get("threshold", defaults.threshold), f"{where}.threshold", 1)),
-        window_seconds=reader.number(
-            data.get("windowSeconds", defaults.window_seconds), f"{where}.windowSeconds", 1
-        ),
-        cooldown_seconds=reader.number(
-            data.get("cooldownSeconds", defaults.cooldown_seconds), f"{where}.cooldownSeconds", 0.001
-        ),
-    )
+AUDITS = (REASON,)
+AUDIT_READS = FAILED_PODS
 
 
 def check(review: Review, context: Context) -> list[Finding]:
@@ -95,3 +74,27 @@ def cleanup_command(review: Review, namespace: str) -> str:
 
 def _top(counts: Counter[str], limit: int = 3) -> str:
     return ", ".join(f"{name} x{n}" for name, n in counts.most_common(limit))
+
+
+def audit(scope: AuditScope, context: Context) -> list[Finding]:
+    """The storms the breaker would have caught, from the Failed pods they left behind."""
+    settings = context.config.policy(NAME)
+    groups = storm_groups(scope.inventory, context.now)
+    return storm_findings(groups, settings, context.now, context.config)
+
+
+def audit_terms(config: Config) -> dict[str, Any]:
+    """The report states the threshold it called a storm at (the breaker's)."""
+    return {"stormThreshold": config.policy(NAME).threshold}
+
+
+def check_stateless(review: Review, context: Context) -> list[Finding]:
+    """Without cluster state there are no breakers: a pod its controller creates is not checked."""
+    owner = controller_owner(review.obj)
+    if review.shape.kind != "Pod" or review.operation != "CREATE" or owner is None:
+        return []
+    message = (
+        f"Pod {review.namespace}/{review.name} is created by {owner.kind} {owner.name}, but no cluster "
+        "state was given, so its owner's admission storms were not checked (give --cluster)."
+    )
+    return [Finding(NO_CLUSTER_STATE, message, advisory=True)]

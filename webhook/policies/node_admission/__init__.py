@@ -10,36 +10,51 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from ..checks import kubelet_admission
-from ..checks.kubelet import KubeletConfig
-from ..checks.node_affinity import node_affinity_mismatch
-from ..checks.sysctl import forbidden_sysctl, pod_sysctls
-from ..checks.topology import CPU, is_memory
-from ..globs import matches_any
-from ..kube.reasons import SYSCTL_FORBIDDEN
-from ..kube.sysctls import namespace_of, normalize
-from ..kube.tolerations import untolerated_taint
-from ..scheduler.filters import SCHEDULING_EFFECTS, tolerations_of
-from ..scheduler.placement import candidates
-from ..state.model import Node, is_mirror
-from ..state.topology import POLICIES, SCOPES, NodeTopology
-from . import NO_FIX, POD_FIELDS, Bind, Context, Finding, Mode, Review, device_scheduler, read_mode
-from .device_scheduler import DeviceSchedulerConfig, owned_by_others
+from ...checks import kubelet_admission
+from ...checks.kubelet import KubeletConfig
+from ...checks.node_affinity import node_affinity_mismatch
+from ...checks.sysctl import forbidden_sysctl, pod_sysctls
+from ...checks.topology import CPU, is_memory
+from ...globs import matches_any
+from ...kube.reasons import SYSCTL_FORBIDDEN
+from ...kube.sysctls import namespace_of, normalize
+from ...kube.tolerations import untolerated_taint
+from ...scheduler.filters import SCHEDULING_EFFECTS, tolerations_of
+from ...scheduler.placement import candidates
+from ...state.model import PODS, Node, is_mirror
+from ...state.topology import POLICIES, SCOPES, NodeTopology
+from .. import (
+    NO_CLUSTER_STATE,
+    NO_FIX,
+    POD_FIELDS,
+    AuditScope,
+    Bind,
+    Context,
+    Finding,
+    Mode,
+    Review,
+    device_scheduler,
+    read_mode,
+    template_subject,
+)
+from ..device_scheduler import DeviceSchedulerConfig, owned_by_others
+from .overcommitted import OVERCOMMITTED, overcommitted
 
 if TYPE_CHECKING:
-    from ..formats.reader import Reader
-    from ..state import ClusterState
+    from ...formats.reader import Reader
+    from ...state import ClusterState
 
 NAME = "nodeAdmission"
 UNKNOWN_NODE = "UnknownNode"
 STATE_UNAVAILABLE = "ClusterStateUnavailable"
-NO_CLUSTER_STATE = "NoClusterState"
 # Its own codes; a pod the kubelet would reject is denied with the kubelet's reason
 # (``checks.KUBELET_CHECKS``).
 REASONS = (UNKNOWN_NODE, STATE_UNAVAILABLE, NO_CLUSTER_STATE, SYSCTL_FORBIDDEN)
 MODES = NO_FIX
 READS = POD_FIELDS
 STATIC = None  # the kubelet's verdict needs the node's state
+AUDITS = (OVERCOMMITTED,)
+AUDIT_READS = PODS
 
 
 @dataclass(frozen=True, slots=True)
@@ -373,6 +388,31 @@ def check_bind(bind: Bind, context: Context) -> list[Finding]:
         )
         for failure in failures
     ]
+
+
+def audit(scope: AuditScope, context: Context) -> list[Finding]:
+    """Nodes whose active pods already request more than is allocatable."""
+    state = scope.inventory.state
+    findings: list[Finding] = []
+    for name in scope.node_names():
+        node = state.nodes.get(name)
+        usage = state.usage(name)
+        if node is not None and usage.pods:
+            findings += overcommitted(node, usage)
+    return findings
+
+
+def check_stateless(review: Review, context: Context) -> list[Finding]:
+    """Without cluster state the nodes' sysctl allowlists are unknown: a pod that sets sysctls
+    and names no node is not checked (one that names its node warns from ``check``)."""
+    sysctls = pod_sysctls(review.shape.spec)
+    if review.shape.spec.get("nodeName") or not sysctls:
+        return []
+    message = (
+        f"{template_subject(review)} sets sysctls ({', '.join(sysctls)}), but no cluster state was "
+        "given, so the nodes' sysctl allowlists were not checked (give --cluster)."
+    )
+    return [Finding(NO_CLUSTER_STATE, message, advisory=True)]
 
 
 def fits_elsewhere(
