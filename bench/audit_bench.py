@@ -21,9 +21,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.helpers.builders import node  # noqa: E402
-from webhook.audit import node_findings, run_audit  # noqa: E402
+from webhook.audit import (  # noqa: E402
+    NODES_PER_CHUNK,
+    node_findings,
+    run_audit,
+)
 from webhook.config import Config  # noqa: E402
-from webhook.serve.periodic_audit import NODES_PER_CHUNK  # noqa: E402
 from webhook.state.inventory import read_inventory  # noqa: E402
 
 

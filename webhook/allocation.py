@@ -13,7 +13,7 @@ Every pool's Lease is read and judged before any is written, within one time bud
 (``reservations.budgetSeconds``, below the webhook's timeout): past it, or when a Lease cannot
 take the record, the answer is ``ReservationBusy``, never a late or unchecked one. Only pools
 the state knows are coordinated. Dry runs are judged the same way and write nothing. Deadlines
-and fail-open rules are the bind guard's: the settings of ``policies.nodeAdmission.reservations``.
+and fail-open rules are the bind guard's: the settings of ``config.reservations``.
 """
 
 from __future__ import annotations
@@ -41,14 +41,15 @@ from .coordination.transaction import (
 )
 from .dra.judge import missing_pools
 from .engine import Decision, apply_finding
-from .kube.dra import ResourceClaim, resource_claim_from
+from .kube.dra import ResourceClaim, is_allocation_write, resource_claim_from
 from .kube.errors import FieldError
-from .policies import Allocation, Context, Finding, Mode, device_allocation
+from .policies import Allocation, Context, Finding, Mode
+from .policies.registry import ALLOCATION_COORDINATOR
 from .policies.registry import ALLOCATION_POLICIES as HOOKED
 from .state.apiserver import ApiError
 from .state.source import StateSource
 
-POLICY = device_allocation.NAME
+POLICY = ALLOCATION_COORDINATOR.NAME
 # A claim's record is stored under each pool it holds devices of.
 IN_FLIGHT_RECORDS = Records("allocation", identity=lambda e: e.claim, keys=lambda e: e.pools)
 
@@ -79,7 +80,7 @@ class AllocationGuard:
         caller proved it is the API server."""
         if not is_claim_status(req) or not outcome.allowed or req.obj is None:
             return outcome
-        if not device_allocation.is_allocation_write(req.obj, req.old_obj, req.operation):
+        if not is_allocation_write(req.obj, req.old_obj, req.operation):
             return outcome
         if not self.judges(req):
             return outcome
@@ -103,7 +104,7 @@ class AllocationGuard:
                 f"most {MAX_RESULTS} items (the API server refuses this write)",
                 code=422,
             )
-        settings = self.config.node_admission.reservations
+        settings = self.config.reservations
         now = self.clock()
         version = str((req.old_obj or {}).get("metadata", {}).get("resourceVersion") or "")
         confirm = None if verified else now + settings.confirm_seconds

@@ -12,8 +12,9 @@ API errors, the deadline), it allows with a warning and counts why.
 What is judged is the policies': every policy with a ``check_bind`` hook (the registry's
 ``BIND_POLICIES``) is asked inside one coordinated decision (``coordination/``), with the binds
 in flight to the node counted; their findings become the verdict by each policy's mode, as the
-engine's do. This module names no policy but ``nodeAdmission``, whose settings hold the
-reservations. I/O lives here (the reservation stores); the checks are the policies' pure ones.
+engine's do. It names no policy: the one that declares ``COORDINATES = BINDS`` (the registry's
+``BIND_COORDINATOR``) switches reservations on, and the guard's own denials go in its name.
+I/O lives here (the reservation stores); the checks are the policies' pure ones.
 """
 
 from __future__ import annotations
@@ -45,12 +46,12 @@ from .coordination.transaction import (
 )
 from .engine import Decision, apply_finding
 from .policies import Bind, Context, Finding, Mode
-from .policies.registry import BIND_POLICIES
+from .policies.registry import BIND_COORDINATOR, BIND_POLICIES
 from .state.apiserver import ApiError
 from .state.model import ClusterState, Node, PodRecord, is_mirror
 from .state.source import StateSource
 
-POLICY = "nodeAdmission"
+POLICY = BIND_COORDINATOR.NAME
 # A reservation is stored under its node.
 RESERVATION_RECORDS = Records("reservation", identity=lambda r: r.pod, keys=lambda r: (r.node,))
 
@@ -135,7 +136,7 @@ class BindGuard:
         if node is None:
             if POLICY not in modes:
                 return outcome
-            if self.config.node_admission.unknown_node == "deny":
+            if self.config.policy(POLICY).unknown_node == "deny":
                 return deny(
                     outcome,
                     POLICY,
@@ -208,8 +209,8 @@ class BindGuard:
     ) -> Outcome:
         """Every bind hook over the pod on ``node`` with the binds in flight there counted,
         inside one coordinated decision; the reservation is written when nothing denies and
-        ``nodeAdmission`` (the node's capacity) is active."""
-        settings = self.config.node_admission.reservations
+        the coordinating policy (the node's capacity) is active."""
+        settings = self.config.reservations
         now = self.clock()
         confirm = None if verified else settings.confirm_seconds
         new = Reservation.of(pod.record, node.name, settings.ttl_seconds, now, confirm)
@@ -306,8 +307,8 @@ class BindGuard:
         return deny(outcome, POLICY, BUSY, message, node=node, code=429)
 
     def _coordinated(self, record: PodRecord) -> bool:
-        devices = self.config.device_scheduler.resources
-        settings = self.config.node_admission.reservations
+        devices = self.config.device_resources
+        settings = self.config.reservations
         return any(amount and settings.coordinated(r, devices) for r, amount in record.requests.items())
 
 

@@ -122,6 +122,17 @@ class Config:
         return any(e.covers(policy, namespace, user, groups) for e in self.exemptions)
 
     @property
+    def reservations(self) -> ReservationsConfig:
+        """The coordination's settings (``policies.nodeAdmission.reservations``): the guards'
+        table, Leases, deadlines and budget."""
+        return self.node_admission.reservations
+
+    @property
+    def device_resources(self) -> tuple[str, ...]:
+        """The resource names that are devices (``policies.deviceScheduler.resources``)."""
+        return self.device_scheduler.resources
+
+    @property
     def pinned_node_name(self) -> PinnedNodeNameConfig:
         return self.policy("pinnedNodeName")
 

@@ -22,16 +22,14 @@ from .config import Config
 from .dryrun import check_api_rules, judge_documents
 from .formats.manifests import ManifestError
 from .kube.reasons import TOPOLOGY_AFFINITY_ERROR
-from .policies import device_scheduler
-from .policies.device_scheduler import REASON as MIXED
-from .policies.device_scheduler import owned_by_others
+from .policies import Context
+from .policies.registry import EXPLAIN_POLICIES
 from .scheduler.filters import AFFINITY, PORTS, UNSCHEDULABLE, tolerations_of
 from .scheduler.placement import placement, unpinned
 from .state import ClusterState
 
 # Short words for the summary; resource shortages keep theirs (``Insufficient cpu``, ``OutOfcpu``).
 _WORDS = {
-    MIXED: "devices owned by another scheduler",
     "TaintToleration": "untolerated taint",
     "NodeAffinity": "node affinity/selector mismatch",
     "NodePorts": "host port conflict",
@@ -40,13 +38,16 @@ _WORDS = {
     AFFINITY: "node affinity/selector mismatch",
     PORTS: "host port conflict",
 }
+# A policy's refusals read "REASON: why"; its EXPLAIN_WORDS give the reason's short word.
+_POLICY_WORDS = {reason: word for policy in EXPLAIN_POLICIES for reason, word in policy.EXPLAIN_WORDS.items()}
 
 
 def _word(reason: str) -> str:
     if reason.startswith("node(s) had untolerated taint"):
         return "untolerated taint"
-    if reason.startswith(f"{MIXED}:"):
-        return _WORDS[MIXED]
+    head = reason.split(":", 1)[0]
+    if head in _POLICY_WORDS:
+        return _POLICY_WORDS[head]
     return _WORDS.get(reason, reason)
 
 
@@ -156,15 +157,14 @@ def explain(
         shape = template.shape
         pod = unpinned(PodUnderReview.from_shape(shape))
         tolerations = tolerations_of(shape, pod.spec)
-        owners = owned_by_others(
-            pod.record.requests, template.scheduler, state, config.policy(device_scheduler.NAME)
-        )
+        context = Context(state, config)
+        refusals = [policy.explain(pod, template.scheduler, context) for policy in EXPLAIN_POLICIES]
         nodes = tuple(
             NodeVerdict(
                 node_name,
                 not p.kubelet,
                 tuple(f.reason for f in p.kubelet),
-                (*p.scheduler, *_owned(owners, node, template.scheduler)),
+                (*p.scheduler, *(why for refused in refusals for why in refused(node))),
                 _zones(p.kubelet),
             )
             for node_name, node in sorted(state.nodes.items())
@@ -178,16 +178,6 @@ def explain(
 def _zones(failures) -> str:
     """The topology manager's detail, when it is the kubelet's (only) refusal."""
     return next((f.hint for f in failures if f.reason == TOPOLOGY_AFFINITY_ERROR), "")
-
-
-def _owned(owners, node, scheduler: str) -> tuple[str, ...]:
-    """Why the guard would deny a bind of the pod to ``node``: another scheduler owns its
-    devices there (``deviceScheduler``); a node the scheduler could pick, the guard refuses."""
-    conflicts = owners(node) if owners is not None else []
-    return tuple(
-        f"{MIXED}: {c.device} on {node.name} is handed out by {', '.join(c.others(scheduler))}"
-        for c in conflicts
-    )
 
 
 def explain_documents(

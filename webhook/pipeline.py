@@ -6,8 +6,8 @@ subresource, operation), and each object is read once:
 
 - ``pods/binding`` (or ``bindings``): the Binding's pod and node are read here, then judged by
   the bind guard against the state and the binds in flight (``binding.py``);
-- ``resourceclaims/status`` setting an allocation, where ``deviceAllocation`` enforces or warns
-  and an allocation guard runs: judged once, by the guard, against the device index and the
+- ``resourceclaims/status`` setting an allocation, where the allocation guard's policy enforces
+  or warns and the guard runs: judged once, by the guard, against the device index and the
   allocations in flight together (``allocation.py``), never first by the engine alone;
 - anything else: the engine (``admission.review``), then, for a pod created with
   ``spec.nodeName``, its capacity reserved like a bind's, and for the first pod of an owner whose
@@ -27,8 +27,8 @@ from .allocation import AllocationGuard
 from .binding import BindGuard, BindingTarget, binding_target, is_binding
 from .config import Config
 from .coordination.probes import SharedProbes
+from .kube.dra import is_allocation_write
 from .kube.rejection import controller_owner
-from .policies import device_allocation
 from .state.model import ClusterState
 from .state.source import StateSource
 from .state.storm import StormBreakers
@@ -59,7 +59,7 @@ def route(req: AdmissionRequest) -> Routed:
     if (
         is_claim_status(req)
         and obj is not None
-        and device_allocation.is_allocation_write(obj, req.old_obj, req.operation)
+        and is_allocation_write(obj, req.old_obj, req.operation)
     ):
         return Routed(req, ALLOCATION)
     return Routed(req, OBJECT)

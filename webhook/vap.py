@@ -19,7 +19,7 @@ import re
 from typing import Any
 
 from .config import Config, Exemption
-from .policies import Policy
+from .policies import Mode, Policy
 from .policies.registry import POLICIES
 
 OPT_OUT_LABEL = "admit-guard.io/skip"
@@ -29,7 +29,7 @@ class VapError(ValueError):
     """A part of the config the static policy cannot express; the message names it."""
 
 
-ACTIONS = {"enforce": ["Deny"], "fix": ["Deny"], "warn": ["Warn"], "audit": ["Audit"]}
+ACTIONS = {Mode.ENFORCE: ["Deny"], Mode.FIX: ["Deny"], Mode.WARN: ["Warn"], Mode.AUDIT: ["Audit"]}
 LABELS = {"app.kubernetes.io/name": "admit-guard"}
 
 
@@ -83,7 +83,7 @@ def render(config: Config) -> list[dict[str, Any]]:
     rendered: list[dict[str, Any]] = []
     for policy in POLICIES:
         mode = config.mode(policy.NAME)
-        if policy.STATIC is not None and mode != "off":
+        if policy.STATIC is not None and mode != Mode.OFF:
             rendered += _render(policy, ACTIONS[mode], config)
     return rendered
 

@@ -20,6 +20,11 @@ from tests.helpers.paths import FIXTURES, ROOT
 from webhook import audit
 from webhook.cli import main
 from webhook.config import Config, config_from_dict
+from webhook.dra.judge import ALREADY_ALLOCATED
+from webhook.policies.device_scheduler import REASON as MIXED
+from webhook.policies.node_admission.overcommitted import OVERCOMMITTED
+from webhook.policies.pinned_node_name import REASON as PINNED
+from webhook.policies.storm_breaker import REASON as STORM
 from webhook.policies.storm_breaker import storms
 from webhook.state.apiserver import Page
 from webhook.state.inventory import InventoryBuilder, Progress, RejectedPod, live_inventory
@@ -99,7 +104,7 @@ def storm(count, *, created=None, reason="OutOfcpu"):
 
 
 def test_rejected_pods_are_grouped_under_the_deployment_that_owns_their_replica_set():
-    [finding] = of_type(findings(*storm(25)), audit.STORM)
+    [finding] = of_type(findings(*storm(25)), STORM)
     assert (finding.kind, finding.namespace, finding.name, finding.count) == (
         "Deployment",
         "default",
@@ -124,7 +129,7 @@ def test_a_small_storm_is_cleaned_up_by_name_deleting_exactly_the_pods_counted()
 
 
 def test_a_large_storm_is_cleaned_up_by_labels_and_phase_and_says_it_deletes_every_failed_pod():
-    [finding] = of_type(findings(*storm(25)), audit.STORM)
+    [finding] = of_type(findings(*storm(25)), STORM)
     assert finding.message.endswith(
         "Clean up: kubectl delete pods -n default --field-selector=status.phase=Failed "
         "-l app=web,pod-template-hash=abc (it deletes every Failed pod in namespace default with "
@@ -140,7 +145,7 @@ def test_a_large_storm_without_shared_labels_says_the_command_deletes_the_namesp
 
 
 def test_the_storm_message_stays_bounded_for_thousands_of_pods():
-    [finding] = of_type(findings(*storm(5000)), audit.STORM)
+    [finding] = of_type(findings(*storm(5000)), STORM)
     assert len(finding.message) < 1000
     assert "web-abc-4999" not in finding.message
 
@@ -148,7 +153,7 @@ def test_the_storm_message_stays_bounded_for_thousands_of_pods():
 def test_rejected_pods_without_a_controller_are_named_by_their_namespace():
     objects = [rejected(f"bare-{i}", None, ns="other") for i in range(7)]
     config = config_from_dict({"policies": {"stormBreaker": {"threshold": 5}}})
-    [finding] = of_type(findings(*objects, config=config), audit.STORM)
+    [finding] = of_type(findings(*objects, config=config), STORM)
     assert (finding.kind, finding.name, finding.count) == ("Pod", "", 7)
     assert finding.message.startswith(
         "7 pods without a controller in namespace other were rejected by the kubelet at admission "
@@ -159,15 +164,15 @@ def test_rejected_pods_without_a_controller_are_named_by_their_namespace():
 
 def test_a_single_rejected_pod_is_told_in_the_singular():
     config = config_from_dict({"policies": {"stormBreaker": {"threshold": 1}}})
-    [finding] = of_type(findings(*storm(1), config=config), audit.STORM)
+    [finding] = of_type(findings(*storm(1), config=config), STORM)
     assert finding.message.startswith(
         "1 pod of Deployment default/web was rejected by the kubelet at admission and is still present"
     )
 
 
 def test_below_the_storm_threshold_is_not_a_storm():
-    assert of_type(findings(*storm(19)), audit.STORM) == []
-    assert len(of_type(findings(*storm(20)), audit.STORM)) == 1
+    assert of_type(findings(*storm(19)), STORM) == []
+    assert len(of_type(findings(*storm(20)), STORM)) == 1
 
 
 def test_the_storm_threshold_follows_the_storm_breaker_config():
@@ -182,12 +187,12 @@ def test_container_failures_are_not_counted_as_a_storm():
         p = owned(pod(f"crash-{i}", node_name="edge-1"), "ReplicaSet", "web-abc", "rs-1")
         p["status"] = {"phase": "Failed", "reason": "Error", "message": "container exited 1"}
         objects.append(p)
-    assert of_type(findings(*objects), audit.STORM) == []
+    assert of_type(findings(*objects), STORM) == []
 
 
 def test_a_recent_storm_is_high_and_an_old_one_is_medium_damage():
-    [running] = of_type(findings(*storm(25, created=at(30))), audit.STORM)
-    [over] = of_type(findings(*storm(25, created=at(86_400))), audit.STORM)
+    [running] = of_type(findings(*storm(25, created=at(30))), STORM)
+    [over] = of_type(findings(*storm(25, created=at(86_400))), STORM)
     assert running.severity == "high" and "still running" in running.message
     assert over.severity == "medium" and "storm is over" in over.message
 
@@ -197,7 +202,7 @@ def test_the_storm_message_gives_first_and_last_time_and_the_rate():
         rejected(f"web-abc-{i}", ("ReplicaSet", "web-abc", "rs-1"), created=at(600 - i * 6))
         for i in range(25)
     ]
-    [finding] = of_type(findings(*objects), audit.STORM)
+    [finding] = of_type(findings(*objects), STORM)
     assert f"first {at(600)}, last {at(600 - 24 * 6)}" in finding.message
     assert "(10.4 pods/min)" in finding.message  # 25 pods over 144 s
 
@@ -229,13 +234,13 @@ def test_job_pods_are_grouped_under_their_cron_job():
         for j in range(3)
         for i in range(10)
     ]
-    [finding] = of_type(findings(cron, *jobs, *pods), audit.STORM)
+    [finding] = of_type(findings(cron, *jobs, *pods), STORM)
     assert (finding.kind, finding.name, finding.count) == ("CronJob", "nightly", 30)
 
 
 def test_without_the_replica_set_in_the_snapshot_the_direct_owner_is_reported():
     objects = [rejected(f"web-abc-{i}", ("ReplicaSet", "web-abc", "rs-1")) for i in range(20)]
-    [finding] = of_type(findings(*objects), audit.STORM)
+    [finding] = of_type(findings(*objects), STORM)
     assert (finding.kind, finding.name) == ("ReplicaSet", "web-abc")
 
 
@@ -255,7 +260,7 @@ def pinned_deployment(node_name="edge-1", cpu="1"):
 def test_a_pinned_deployment_is_reported_once_with_the_kubelet_verdict_on_its_node():
     dep, rs = pinned_deployment(cpu="3")
     full = pod("busy", node_name="edge-1", requests={"cpu": "2"})
-    [finding] = of_type(findings(node("edge-1", cpu="4"), full, dep, rs), audit.PINNED)
+    [finding] = of_type(findings(node("edge-1", cpu="4"), full, dep, rs), PINNED)
     assert (finding.kind, finding.name, finding.node, finding.count) == ("Deployment", "sensor", "edge-1", 2)
     assert finding.severity == "high"
     assert "Node edge-1 would reject it: OutOfcpu" in finding.message
@@ -263,23 +268,23 @@ def test_a_pinned_deployment_is_reported_once_with_the_kubelet_verdict_on_its_no
 
 def test_a_pinned_workload_whose_node_has_room_is_medium():
     dep, rs = pinned_deployment(cpu="1")
-    [finding] = of_type(findings(node("edge-1", cpu="4"), dep, rs), audit.PINNED)
+    [finding] = of_type(findings(node("edge-1", cpu="4"), dep, rs), PINNED)
     assert finding.severity == "medium"
     assert "would admit one pod now" in finding.message
 
 
 def test_a_pinned_workload_on_a_node_that_does_not_exist_is_high():
     dep, _ = pinned_deployment("gone")
-    [finding] = of_type(findings(dep), audit.PINNED)
+    [finding] = of_type(findings(dep), PINNED)
     assert finding.severity == "high" and "not in the cluster state" in finding.message
 
 
 def test_excluded_namespaces_and_policies_turned_off_are_not_audited():
     dep, _ = pinned_deployment()
     dep["metadata"]["namespace"] = "kube-system"
-    assert of_type(findings(dep), audit.PINNED) == []
+    assert of_type(findings(dep), PINNED) == []
     off = config_from_dict({"policies": {"pinnedNodeName": {"mode": "off"}}})
-    assert of_type(findings(*pinned_deployment(), config=off), audit.PINNED) == []
+    assert of_type(findings(*pinned_deployment(), config=off), PINNED) == []
 
 
 # -- node findings ------------------------------------------------------------------------
@@ -293,7 +298,7 @@ def gpu_pod(name, scheduler=None, count="1", **kw):
 
 def test_two_schedulers_holding_one_device_on_a_node_are_reported_on_the_node():
     objects = [node("gpu-1", extra=GPU), gpu_pod("a"), gpu_pod("b", "volcano"), gpu_pod("c", "volcano")]
-    [finding] = of_type(findings(*objects), audit.MIXED)
+    [finding] = of_type(findings(*objects), MIXED)
     assert (finding.kind, finding.name, finding.node, finding.resource, finding.count) == (
         "Node",
         "gpu-1",
@@ -307,7 +312,7 @@ def test_two_schedulers_holding_one_device_on_a_node_are_reported_on_the_node():
 
 def test_one_scheduler_per_device_is_clean():
     objects = [node("gpu-1", extra=GPU), gpu_pod("a", "volcano"), gpu_pod("b", "volcano")]
-    assert of_type(findings(*objects), audit.MIXED) == []
+    assert of_type(findings(*objects), MIXED) == []
 
 
 def test_pods_whose_controller_pins_nodename_count_as_a_holder_of_their_own():
@@ -319,14 +324,14 @@ def test_pods_whose_controller_pins_nodename_count_as_a_holder_of_their_own():
     rs = replica_set("pinned-gpu-1", "rs-g", "pinned-gpu", "dep-g", spec)
     bypass = owned(gpu_pod("pinned-gpu-1-x"), "ReplicaSet", "pinned-gpu-1", "rs-g")
     objects = [node("gpu-1", extra=GPU), dep, rs, bypass, gpu_pod("scheduled", count="3")]
-    [finding] = of_type(findings(*objects), audit.MIXED)
+    [finding] = of_type(findings(*objects), MIXED)
     assert "pods that set spec.nodeName themselves (1 pod)" in finding.message
     assert finding.severity == "high"  # all four GPUs are allocated
 
 
 def test_a_node_whose_pods_request_more_than_allocatable_is_overcommitted():
     objects = [node("gpu-1", extra={"nvidia.com/gpu": "2"}), gpu_pod("a", count="2"), gpu_pod("b")]
-    [finding] = of_type(findings(*objects), audit.OVERCOMMITTED)
+    [finding] = of_type(findings(*objects), OVERCOMMITTED)
     assert (finding.name, finding.resource, finding.count, finding.severity) == (
         "gpu-1",
         "nvidia.com/gpu",
@@ -338,7 +343,7 @@ def test_a_node_whose_pods_request_more_than_allocatable_is_overcommitted():
 
 def test_more_pods_than_the_node_allows_is_overcommitted_pods():
     objects = [node("n", pods="2"), *(pod(f"p{i}", node_name="n") for i in range(3))]
-    [finding] = of_type(findings(*objects), audit.OVERCOMMITTED)
+    [finding] = of_type(findings(*objects), OVERCOMMITTED)
     assert (finding.resource, finding.count) == ("pods", 3)
 
 
@@ -356,8 +361,8 @@ def test_findings_come_worst_first():
         gpu_pod("a", count="2"),  # Overcommitted, high
     ]
     assert [(f.type, f.severity) for f in findings(*objects)] == [
-        (audit.OVERCOMMITTED, "high"),
-        (audit.STORM, "medium"),
+        (OVERCOMMITTED, "high"),
+        (STORM, "medium"),
     ]
 
 
@@ -388,7 +393,7 @@ def test_json_output_follows_the_contract_and_findings_exit_1(tmp_path):
         "count",
         "message",
     }
-    assert body["summary"]["byType"][audit.STORM] == 1
+    assert body["summary"]["byType"][STORM] == 1
     assert body["summary"]["scanned"]["rejectedPods"] == 25
 
 
@@ -423,7 +428,7 @@ def test_text_output_has_one_table_per_type_worst_first(tmp_path):
 def test_the_bundled_example_cluster_shows_its_mixed_scheduler_gpu_node():
     result = run_audit("--cluster", str(ROOT / "examples" / "cluster"), "-o", "json")
     assert result.exit_code == 1
-    assert [(f["type"], f["name"]) for f in json.loads(result.stdout)["findings"]] == [(audit.MIXED, "gpu-2")]
+    assert [(f["type"], f["name"]) for f in json.loads(result.stdout)["findings"]] == [(MIXED, "gpu-2")]
 
 
 # -- PolicyReports ------------------------------------------------------------------------
@@ -481,7 +486,7 @@ def test_policy_reports_are_one_per_namespace_plus_a_cluster_report_for_nodes(tm
         ("PolicyReport", "default"),
     ]
     cluster, default = reports
-    assert {r["rule"] for r in default["results"]} == {audit.STORM, audit.PINNED}
+    assert {r["rule"] for r in default["results"]} == {STORM, PINNED}
     assert [r["resources"][0]["kind"] for r in cluster["results"]] == ["Node"]
     assert all(r["source"] == "admit-guard" for report in reports for r in report["results"])
     assert default["summary"]["fail"] + default["summary"]["warn"] == 2
@@ -562,7 +567,7 @@ def test_a_clean_cluster_prints_an_empty_cluster_policy_report_that_clears_old_r
 
 
 def test_namespace_findings_alone_still_come_with_the_cluster_report():
-    report = audit.Report(of_type(findings(*storm(25)), audit.STORM))
+    report = audit.Report(of_type(findings(*storm(25)), STORM))
     cluster, default = audit.policy_reports(report, NOW)
     assert (cluster["kind"], cluster["results"]) == ("ClusterPolicyReport", [])
     assert (default["kind"], default["metadata"]["namespace"]) == ("PolicyReport", "default")
@@ -614,7 +619,7 @@ def test_a_live_read_pages_through_every_kind_and_stamps_their_kinds():
         "cronjobs",
         "replicationcontrollers",
     }
-    [finding] = of_type(audit.run_audit(inv, Config(), NOW).findings, audit.STORM)
+    [finding] = of_type(audit.run_audit(inv, Config(), NOW).findings, STORM)
     assert (finding.kind, finding.name) == ("Deployment", "web")
 
 
@@ -622,8 +627,8 @@ def test_a_live_read_lists_dra_where_served_and_its_claims_count_as_judged():
     api = PagedApi({"resourceclaims": [], "resourceslices": []})
     inv = live_inventory(api, page_size=10)
     assert {"resourceslices", "resourceclaims", "deviceclasses"} <= {r for r, _ in api.requests}
-    assert audit.ALREADY_ALLOCATED not in audit.unjudged(inv)
-    assert audit.ALREADY_ALLOCATED in audit.unjudged(live_inventory(PagedApi({}), page_size=10))
+    assert ALREADY_ALLOCATED not in audit.unjudged(inv)
+    assert ALREADY_ALLOCATED in audit.unjudged(live_inventory(PagedApi({}), page_size=10))
 
 
 class Tty(io.StringIO):
@@ -671,7 +676,7 @@ def test_audit_kubeconfig_lists_every_kind_from_a_live_api_server(tmp_path, monk
     assert result.exit_code == 1, result.output
     [finding] = json.loads(result.stdout)["findings"]
     assert (finding["type"], finding["kind"], finding["name"], finding["count"]) == (
-        audit.STORM,
+        STORM,
         "Deployment",
         "web",
         25,
@@ -784,7 +789,7 @@ def test_a_live_audit_lists_the_custom_resources_the_cluster_serves_and_skips_th
     assert result.exit_code == 1, result.output
     [finding] = json.loads(result.stdout)["findings"]
     assert (finding["type"], finding["kind"], finding["name"], finding["node"], finding["count"]) == (
-        audit.PINNED,
+        PINNED,
         "Job",
         "train",
         "gpu-1",
@@ -804,7 +809,7 @@ def test_a_snapshot_audit_judges_every_pinned_template_of_a_custom_resource(tmp_
     result = run_audit(
         "--cluster", write_snapshot(tmp_path, node("gpu-1", extra={"nvidia.com/gpu": "8"}), job), "-o", "json"
     )
-    pinned = [f for f in json.loads(result.stdout)["findings"] if f["type"] == audit.PINNED]
+    pinned = [f for f in json.loads(result.stdout)["findings"] if f["type"] == PINNED]
     assert sorted((f["kind"], f["name"], f["count"]) for f in pinned) == [
         ("Job", "test-job", 1),
         ("Job", "test-job", 6),

@@ -9,10 +9,11 @@ import pytest
 from tests.helpers.binds import binding, state_with
 from tests.helpers.builders import container, node, pod
 from webhook.admission import parse_review
-from webhook.audit import MIXED, node_findings
+from webhook.audit import node_findings
 from webhook.binding import BindGuard
 from webhook.config import ConfigError, config_from_dict
 from webhook.engine import evaluate
+from webhook.policies.device_scheduler import REASON as MIXED
 from webhook.state import ClusterState, node_from, pod_record
 from webhook.state.source import FixedState
 

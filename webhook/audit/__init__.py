@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..config import Config
-from ..policies import AuditScope, Context, Mode
+from ..policies import AuditPass, AuditScope, Context, Finding, Mode
 from ..policies.registry import AUDIT_POLICIES
 from ..state.inventory import Inventory
 from ..state.model import PODS, ClusterState
@@ -25,11 +25,13 @@ __all__ = [
     "Report",
     "audited",
     "node_findings",
+    "periodic_passes",
     "policy_reports",
     "run_audit",
     "unjudged",
 ]
 
+NODES_PER_CHUNK = 250  # nodes judged under one hold of the live state's lock
 # The policies judged per node: the server's periodic audit takes their nodes a chunk at a time.
 NODE_POLICIES = tuple(policy for policy in AUDIT_POLICIES if policy.AUDIT_READS == PODS)
 # What each finding type is judged from (``Inventory.missing`` names the inputs not read).
@@ -78,34 +80,29 @@ def unjudged(inventory: Inventory) -> dict[str, str]:
     }
 
 
+def periodic_passes(config: Config) -> list[tuple[tuple[str, ...], AuditPass]]:
+    """The server's audit of its live state, as chunked passes with the finding types each
+    publishes: one over the nodes for every policy audited per node, then each policy's own
+    (``audit_pass``: claims, open breakers). Policies in mode ``off`` take no part."""
+    found: list[Finding] = []
+    nodes = AuditPass(
+        keys=lambda state: list(state.nodes),
+        step=lambda state, names: found.extend(node_findings(state, config, names)),
+        findings=lambda state: found,
+        chunk=NODES_PER_CHUNK,
+    )
+    on = _on(config, NODE_POLICIES)
+    passes = [(tuple(t for policy in on for t in policy.AUDITS), nodes)] if on else []
+    return passes + [
+        (policy.AUDITS, policy.audit_pass(config))
+        for policy in _on(config, AUDIT_POLICIES)
+        if hasattr(policy, "audit_pass")
+    ]
+
+
 def node_findings(state: ClusterState, config: Config, names: Iterable[str]) -> list:
     """The per-node findings on the named nodes (a chunk, or all of them), from the state alone
     (no workloads: pods whose controller pinned nodeName count as their scheduler's)."""
     context = Context(state, config)
     scope = AuditScope(Inventory(state), tuple(names))
     return [found for policy in _on(config, NODE_POLICIES) for found in policy.audit(scope, context)]
-
-
-# -- the names serve/periodic_audit.py and bench/audit_bench.py import ------------------------
-# Both are other work's to change now; they chunk the node findings (``node_findings`` above)
-# and the claims (the claim policy's own two steps) under the state's lock, and count by type.
-from ..dra.judge import ALREADY_ALLOCATED  # noqa: E402
-from ..policies import Finding  # noqa: E402
-from ..policies.device_allocation import AUDITS as DEVICE_TYPES  # noqa: E402
-from ..policies.device_allocation import device_groups, device_report  # noqa: E402
-from ..policies.device_scheduler import REASON as MIXED  # noqa: E402
-from ..policies.node_admission.overcommitted import OVERCOMMITTED  # noqa: E402
-from ..policies.pinned_node_name import REASON as PINNED  # noqa: E402
-from ..policies.storm_breaker import REASON as STORM  # noqa: E402
-
-__all__ += [
-    "ALREADY_ALLOCATED",
-    "DEVICE_TYPES",
-    "MIXED",
-    "OVERCOMMITTED",
-    "PINNED",
-    "STORM",
-    "Finding",
-    "device_groups",
-    "device_report",
-]

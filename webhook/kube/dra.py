@@ -753,3 +753,14 @@ def device_taint_rule_from(obj: Mapping[str, Any]) -> DeviceTaintRule:
         and not selector.get("deviceClassName")
         and not selector.get("selectors"),
     )
+
+
+def is_allocation_write(obj: Mapping[str, Any], old_obj: Mapping[str, Any] | None, operation: str) -> bool:
+    """A ResourceClaim status UPDATE whose old allocation is absent and new one present: the
+    one transition judged (clearing, re-writing and reservedFor changes are not)."""
+    return (
+        operation == "UPDATE"
+        and obj.get("kind") == "ResourceClaim"
+        and old_obj is not None
+        and allocation_written(old_obj, obj)
+    )

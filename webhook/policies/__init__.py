@@ -14,7 +14,7 @@ turn findings into warnings, violations and audit records, each in one place.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol
@@ -62,6 +62,11 @@ POD_FIELDS = "pod"  # and its requests, ports and sysctls read: ``review.pod`` i
 # The reason of what a policy says without cluster state (``check_stateless``): a check skipped.
 NO_CLUSTER_STATE = "NoClusterState"
 
+
+# What a policy coordinates between replicas (``COORDINATES``, optional): the one policy per
+# path whose mode switches the guard's records on, in whose name the guard's own denials go.
+BINDS = "binds"
+ALLOCATIONS = "allocations"
 
 @dataclass(frozen=True, slots=True)
 class Review:
@@ -235,6 +240,19 @@ class AuditScope:
 
 
 @dataclass(frozen=True, slots=True)
+class AuditPass:
+    """A policy's audit of the live state, a chunk at a time: the server's periodic audit holds
+    the state's lock for one chunk, never for the whole cluster. ``keys`` lists what there is to
+    judge (None: the state lacks the policy's input, its types are not published), ``step``
+    judges a chunk of them, ``findings`` says what the steps found."""
+
+    keys: Callable[[ClusterState], Sequence[str] | None]
+    step: Callable[[ClusterState, Sequence[str]], None]
+    findings: Callable[[ClusterState], list[Finding]]
+    chunk: int
+
+
+@dataclass(frozen=True, slots=True)
 class StaticPolicy:
     """A policy's rule as a ValidatingAdmissionPolicy (CEL), for rules that need no node
     state: the API server enforces it even while the guard is down (``vap.py`` renders it)."""
@@ -275,6 +293,14 @@ class Policy(Protocol):
     #       where that input was not read, the audit says the types were not judged. With it,
     #       ``audit_terms(config) -> dict``: settings the report states in its summary
     #       (``stormThreshold``).
+    #   explain(pod: PodUnderReview, scheduler: str, context: Context) -> Callable[[Node], tuple]
+    #       ``admit-guard explain``: for each node the scheduler could pick, why the guard would
+    #       still refuse a bind there ("REASON: why" lines), beyond the kubelet's checks; with
+    #       ``EXPLAIN_WORDS``: each reason's short word in the summary.
+    #   audit_pass(config: Config) -> AuditPass
+    #       the server's periodic audit of what the live state holds beyond its nodes (claims,
+    #       open breakers), a chunk at a time; the policies that audit per node (``PODS``) need
+    #       none: the audit takes their nodes in chunks itself.
     #   check_stateless(review: Review, context: Context) -> list[Finding]
     #       ``check`` without cluster state (``admit-guard check`` with no ``--cluster``): what
     #       the policy can still say of one template, as advisory ``NO_CLUSTER_STATE`` findings

@@ -32,13 +32,15 @@ from ..dra.judge import (
     judge_allocation,
 )
 from ..dra.judge import REASONS as ALLOCATION_REASONS
-from ..kube.dra import ResourceClaim, allocation_written
+from ..kube.dra import ResourceClaim, is_allocation_write
 from ..kube.errors import FieldError
 from ..state.model import CLAIMS
 from . import (
+    ALLOCATIONS,
     ANY_OBJECT,
     NO_FIX,
     Allocation,
+    AuditPass,
     AuditScope,
     Bind,
     Context,
@@ -50,6 +52,7 @@ from . import (
 )
 
 if TYPE_CHECKING:
+    from ..config import Config
     from ..formats.reader import Reader
     from ..state import ClusterState
 
@@ -60,6 +63,8 @@ REASONS = (*ALLOCATION_REASONS, FAILED_PREPARE, NO_DEVICE_STATE)
 MODES = NO_FIX
 READS = ANY_OBJECT
 STATIC = None  # other claims' allocations live in the guard's state
+# Its mode decides whether the allocation guard records allocations in flight.
+COORDINATES = ALLOCATIONS
 # The audit: devices already handed out twice, or their capacity or a counter set over its limit,
 # judged by the same rules as an allocation write (each allocated claim against all the others).
 AUDITS = (ALREADY_ALLOCATED, CAPACITY_EXCEEDED, COUNTERS_EXCEEDED)
@@ -77,7 +82,7 @@ Settings = DeviceAllocationConfig
 def read_settings(reader: Reader, data: Any, where: str) -> DeviceAllocationConfig:
     data = reader.mapping(data, where, {"mode"})
     mode = read_mode(reader, data, where, MODES)
-    if mode == "fix":
+    if mode == Mode.FIX:
         reader.fail(f"{where}.mode", "deviceAllocation cannot fix an allocation: enforce, warn, audit or off")
     return DeviceAllocationConfig(mode)
 
@@ -88,17 +93,6 @@ def check(review: Review, context: Context) -> list[Finding]:
     if review.shape is not None and review.shape.kind == "Pod" and review.operation == "CREATE":
         return _pinned_pod(review, context.state)
     return []
-
-
-def is_allocation_write(obj: Mapping[str, Any], old_obj: Mapping[str, Any] | None, operation: str) -> bool:
-    """A ResourceClaim status UPDATE whose old allocation is absent and new one present: the
-    one transition judged (clearing, re-writing and reservedFor changes are not)."""
-    return (
-        operation == "UPDATE"
-        and obj.get("kind") == "ResourceClaim"
-        and old_obj is not None
-        and allocation_written(old_obj, obj)
-    )
 
 
 def allocation_findings(
@@ -261,7 +255,20 @@ def audit(scope: AuditScope, context: Context) -> list[Finding]:
     return device_report(device_groups(state, state.devices.claims()), state)
 
 
+def audit_pass(config: Config) -> AuditPass:
+    """The claims a chunk at a time; a device's claims gather across chunks, then one finding
+    per device and reason."""
+    groups: DeviceGroups = {}
+    return AuditPass(
+        keys=lambda state: list(state.devices.claims()) if state.devices is not None else None,
+        step=lambda state, keys: device_groups(state, keys, groups),
+        findings=lambda state: device_report(groups, state) if state.devices is not None else [],
+        chunk=CLAIMS_PER_CHUNK,
+    )
+
+
 DeviceGroups = dict[tuple[str, str], dict[str, Any]]
+CLAIMS_PER_CHUNK = 1000
 
 
 def device_groups(state: ClusterState, keys: Iterable[str], into: DeviceGroups | None = None) -> DeviceGroups:

@@ -6,7 +6,16 @@ after each fix, so ``deviceScheduler`` sees the template ``pinnedNodeName`` repa
 
 from __future__ import annotations
 
-from . import Policy, device_allocation, device_scheduler, node_admission, pinned_node_name, storm_breaker
+from . import (
+    ALLOCATIONS,
+    BINDS,
+    Policy,
+    device_allocation,
+    device_scheduler,
+    node_admission,
+    pinned_node_name,
+    storm_breaker,
+)
 
 POLICIES: tuple[Policy, ...] = (
     pinned_node_name,
@@ -26,3 +35,14 @@ AUDIT_POLICIES = (
     *(policy for policy in POLICIES if hasattr(policy, "audit") and policy is not storm_breaker),
 )
 STATELESS_POLICIES = tuple(policy for policy in POLICIES if hasattr(policy, "check_stateless"))
+EXPLAIN_POLICIES = tuple(policy for policy in POLICIES if hasattr(policy, "explain"))
+
+
+def coordinator(path: str) -> Policy:
+    """The policy that declares ``COORDINATES = path``: exactly one must."""
+    (policy,) = (p for p in POLICIES if getattr(p, "COORDINATES", None) == path)
+    return policy
+
+
+BIND_COORDINATOR = coordinator(BINDS)
+ALLOCATION_COORDINATOR = coordinator(ALLOCATIONS)

@@ -20,25 +20,13 @@ import threading
 import time
 from collections import Counter
 
-from ..audit import (
-    ALREADY_ALLOCATED,
-    DEVICE_TYPES,
-    MIXED,
-    OVERCOMMITTED,
-    STORM,
-    Finding,
-    audited,
-    device_groups,
-    device_report,
-    node_findings,
-)
+from ..audit import NODES_PER_CHUNK, periodic_passes
 from ..config import Config
 from ..state.source import StateSource
 from .metrics import AuditGauges
 
 log = logging.getLogger(__name__)
-NODES_PER_CHUNK = 250
-CLAIMS_PER_CHUNK = 1000
+__all__ = ["NODES_PER_CHUNK", "PeriodicAudit"]
 
 
 class PeriodicAudit:
@@ -78,37 +66,28 @@ class PeriodicAudit:
                 log.exception("periodic audit failed")
             self._stop.wait(self.interval)
 
-    def run_once(self) -> list[Finding] | None:
-        """One audit; None (and no gauge change) while the state is unavailable."""
+    def run_once(self) -> list | None:
+        """One audit; None (and no gauge change) while the state is unavailable. Each pass reads
+        its keys once, then judges them a chunk per hold of the state's lock."""
         started = time.perf_counter()
+        passes = periodic_passes(self.config)
         with self.source.reading() as view:
             if view.state is None:
                 return None
-            names = list(view.state.nodes)
-            storm = view.state.storm
-            devices = view.state.devices is not None and audited(self.config, ALREADY_ALLOCATED)
-            claims = list(view.state.devices.claims()) if devices else []
-        findings: list[Finding] = []
-        for start in range(0, len(names), NODES_PER_CHUNK):
-            with self.source.reading() as view:
-                if view.state is None:
-                    return None
-                findings += node_findings(view.state, self.config, names[start : start + NODES_PER_CHUNK])
-        groups: dict = {}
-        for start in range(0, len(claims), CLAIMS_PER_CHUNK):
-            with self.source.reading() as view:
-                if view.state is None or view.state.devices is None:
-                    return None
-                device_groups(view.state, claims[start : start + CLAIMS_PER_CHUNK], groups)
-        if groups:
-            with self.source.reading() as view:
-                if view.state is None or view.state.devices is None:
-                    return None
-                findings += device_report(groups, view.state)
-        counts = {(MIXED, ""): 0, (OVERCOMMITTED, ""): 0}
-        counts.update({(t, ""): 0 for t in DEVICE_TYPES} if devices else {})
+            keyed = [(types, audit, audit.keys(view.state)) for types, audit in passes]
+        keyed = [(types, audit, keys) for types, audit, keys in keyed if keys is not None]
+        findings = []
+        for _, audit, keys in keyed:
+            chunks = [keys[start : start + audit.chunk] for start in range(0, len(keys), audit.chunk)] or [()]
+            for last, chunk in enumerate(chunks, 1 - len(chunks)):
+                with self.source.reading() as view:
+                    if view.state is None:
+                        return None
+                    if chunk:
+                        audit.step(view.state, chunk)
+                    if not last:
+                        findings += audit.findings(view.state)
+        counts = Counter({(t, ""): 0 for types, _, _ in keyed for t in types})
         counts.update(Counter((f.type, f.namespace) for f in findings))
-        if storm is not None:
-            counts.update(Counter((STORM, b.owner.namespace) for b in storm.open_breakers()))
         self.gauges.publish(counts, self.source_name, time.time(), time.perf_counter() - started)
         return findings

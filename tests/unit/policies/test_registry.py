@@ -99,7 +99,7 @@ exec(NEW_POLICY, module.__dict__)
 sys.modules[module.__name__] = package.no_latest_tag = module
 path = Path(package.__file__).parent / "registry.py"
 source = path.read_text()
-edited = source.replace("from . import Policy, ", "from . import Policy, no_latest_tag, ", 1).replace(
+edited = source.replace("Policy,", "Policy, no_latest_tag,", 1).replace(
     ",\\n)\\nNAMES", ",\\n    no_latest_tag,\\n)\\nNAMES", 1)
 assert edited.count("no_latest_tag") == 2, "the registry's entry was not found"
 registry = types.ModuleType("webhook.policies.registry")

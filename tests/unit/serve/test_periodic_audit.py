@@ -62,7 +62,7 @@ def test_the_periodic_audit_counts_storms_in_progress_by_namespace_and_zeroes_en
 
 
 def test_the_periodic_audit_reads_the_state_one_chunk_of_nodes_at_a_time(monkeypatch):
-    monkeypatch.setattr("webhook.serve.periodic_audit.NODES_PER_CHUNK", 2)
+    monkeypatch.setattr("webhook.audit.NODES_PER_CHUNK", 2)
     state = ClusterState()
     for i in range(5):
         state.set_node(node_from(node(f"n{i}")))
@@ -76,7 +76,7 @@ def test_the_periodic_audit_reads_the_state_one_chunk_of_nodes_at_a_time(monkeyp
             yield StateView(self.state)
 
     PeriodicAudit(CountingSource(state), Config(), Metrics().audit, 60).run_once()
-    assert CountingSource.reads == 1 + 3  # the node list, then 2 + 2 + 1 nodes
+    assert CountingSource.reads == 1 + 3  # the node list, then 2 + 2 + 1 nodes (the last with the findings)
 
 
 def test_without_usable_state_the_audit_leaves_the_gauges_alone():

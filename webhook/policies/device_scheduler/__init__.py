@@ -24,9 +24,11 @@ This module is the policy (its name, settings and hooks); ``settings.py`` reads 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from fnmatch import fnmatchcase
 
-from ...state.model import PODS
+from ...checks import PodUnderReview
+from ...state.model import PODS, Node
 from .. import (
     NO_CLUSTER_STATE,
     POD_FIELDS,
@@ -153,3 +155,21 @@ def check_stateless(review: Review, context: Context) -> list[Finding]:
         "policies.deviceScheduler.owners)."
     )
     return [Finding(NO_CLUSTER_STATE, message, advisory=True)]
+
+
+EXPLAIN_WORDS = {REASON: "devices owned by another scheduler"}  # explain's summary
+
+
+def explain(pod: PodUnderReview, scheduler: str, context: Context) -> Callable[[Node], tuple[str, ...]]:
+    """``explain``'s word on a node the scheduler could pick: a bind of the pod there would race
+    another scheduler for its devices, and the guard refuses it."""
+    owners = owned_by_others(pod.record.requests, scheduler, context.state, context.config.policy(NAME))
+
+    def refusals(node: Node) -> tuple[str, ...]:
+        conflicts = owners(node) if owners is not None else []
+        return tuple(
+            f"{REASON}: {c.device} on {node.name} is handed out by {', '.join(c.others(scheduler))}"
+            for c in conflicts
+        )
+
+    return refusals

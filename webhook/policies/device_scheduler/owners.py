@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .. import Mode
 from .settings import DeviceSchedulerConfig, OwnerRule
 
 if TYPE_CHECKING:
@@ -107,7 +108,7 @@ def owned_by_others(
     """For the nodes a message or ``explain`` suggests: on which a pod of ``scheduler`` asking
     for ``requests`` would race another scheduler for its devices (what a bind there is denied
     for). None when nothing can race: the policy is off, or the pod asks for no device."""
-    if config is None or config.mode == "off":
+    if config is None or config.mode == Mode.OFF:
         return None
     if not any(amount > 0 and config.is_device(resource) for resource, amount in requests.items()):
         return None

@@ -24,6 +24,7 @@ from ...scheduler.placement import candidates
 from ...state.model import PODS, Node, is_mirror
 from ...state.topology import POLICIES, SCOPES, NodeTopology
 from .. import (
+    BINDS,
     NO_CLUSTER_STATE,
     NO_FIX,
     POD_FIELDS,
@@ -53,6 +54,9 @@ REASONS = (UNKNOWN_NODE, STATE_UNAVAILABLE, NO_CLUSTER_STATE, SYSCTL_FORBIDDEN)
 MODES = NO_FIX
 READS = POD_FIELDS
 STATIC = None  # the kubelet's verdict needs the node's state
+# Its mode decides whether the bind guard reserves a node's capacity, and its settings hold the
+# coordination's (``reservations``): a bind's own denials (UnknownNode, busy) are its.
+COORDINATES = BINDS
 AUDITS = (OVERCOMMITTED,)
 AUDIT_READS = PODS
 

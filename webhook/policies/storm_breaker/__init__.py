@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ...kube.rejection import controller_owner
 from ...state.model import FAILED_PODS
 from ...state.storm import Breaker
-from .. import NO_CLUSTER_STATE, POD_SHAPE, AuditScope, Context, Finding, Review
+from .. import NO_CLUSTER_STATE, POD_SHAPE, AuditPass, AuditScope, Context, Finding, Review, Subject
 from .settings import MODES, REASON, StormBreakerConfig, read_settings
 from .storms import storm_findings, storm_groups
 
@@ -81,6 +81,27 @@ def audit(scope: AuditScope, context: Context) -> list[Finding]:
     settings = context.config.policy(NAME)
     groups = storm_groups(scope.inventory, context.now)
     return storm_findings(groups, settings, context.now, context.config)
+
+
+def audit_pass(config: Config) -> AuditPass:
+    """The breakers open now, one finding each (the server's periodic audit counts them per
+    namespace): the live state keeps no Failed pods to group."""
+    return AuditPass(
+        keys=lambda state: () if state.storm is not None else None,
+        step=lambda state, keys: None,
+        findings=lambda state: [_open(b) for b in state.storm.open_breakers()] if state.storm else [],
+        chunk=1,
+    )
+
+
+def _open(breaker: Breaker) -> Finding:
+    owner = breaker.owner
+    return Finding(
+        REASON,
+        f"the storm breaker of {owner.kind} {owner.namespace}/{owner.name} is {breaker.state}",
+        severity="high",
+        subject=Subject(owner.namespace, owner.kind, owner.name, owner.api_version, owner.uid),
+    )
 
 
 def audit_terms(config: Config) -> dict[str, Any]:
