@@ -20,49 +20,25 @@ from typing import Any
 from ..kube.numa import REFUSING_POLICIES, SINGLE_NUMA_NODE, Hints, admit, count_hints, memory_hints
 from ..kube.quantity import format_amount
 from ..kube.reasons import SMT_ALIGNMENT_ERROR, TOPOLOGY_AFFINITY_ERROR
-from ..kube.resources import (
-    ResourceVector,
-    container_requests,
-    containers,
-    is_extended_resource,
-    is_sidecar,
-    qos_class,
+from ..kube.resources import container_requests, qos_class
+from ..state.topology import (
+    CPU,
+    INIT,
+    POD,
+    SIDECAR,
+    Footprint,
+    NodeTopology,
+    Unit,
+    container_units,
+    is_memory,
+    pod_containers,
+    pod_level_resources,
 )
-from ..state.topology import NodeTopology
 from .failure import Failure
 
 MESSAGE = "Resources cannot be allocated with Topology locality"  # TopologyAffinityError.Error()
-CPU = "cpu"
 MEMORY = "memory"  # the memory manager's one hint list, for memory and hugepages together
 POD_SCOPE = "pod"
-INIT, SIDECAR, APP, POD = "init container", "sidecar", "container", "pod"
-
-
-def is_memory(resource: str) -> bool:
-    return resource == "memory" or resource.startswith("hugepages-")
-
-
-@dataclass(frozen=True, slots=True)
-class Unit:
-    """What one ``Admit`` step aligns: a container (container scope) or the pod (pod scope).
-    ``cpu`` in millicores (whole CPUs only), ``memory`` per memory type, ``devices`` per
-    device-plugin resource; only what a hint provider gives hints for (§5.1)."""
-
-    kind: str
-    name: str
-    cpu: int = 0
-    memory: Mapping[str, int] = field(default_factory=dict)
-    devices: Mapping[str, int] = field(default_factory=dict)
-
-    @property
-    def empty(self) -> bool:
-        return not self.cpu and not self.memory and not self.devices
-
-    def describe(self) -> str:
-        amounts = {CPU: self.cpu, **self.memory, **self.devices}
-        asked = ", ".join(f"{r} {format_amount(r, a)}" for r, a in amounts.items() if a)
-        who = "the pod" if self.kind == POD else f"{self.kind} {self.name!r}"
-        return f"{who} ({asked})"
 
 
 def topology_affinity(pod, node, usage=None, kubelet=None) -> Failure | None:
@@ -108,9 +84,9 @@ def smt_alignment(cpus: list[tuple[str, str, int]], threads: int) -> Failure | N
 def _exclusive_cpus(spec: Mapping[str, Any]) -> list[tuple[str, str, int]]:
     """Each container's exclusive CPUs, in admission order (``guaranteedCPUs``: Guaranteed pods
     without pod-level resources, whole CPUs only; 0 for the others)."""
-    guaranteed = qos_class(spec) == "Guaranteed" and not _pod_level_resources(spec)
+    guaranteed = qos_class(spec) == "Guaranteed" and not pod_level_resources(spec)
     found = []
-    for kind, container, where in _containers(spec):
+    for kind, container, where in pod_containers(spec):
         cpu = container_requests(container, where).get(CPU, 0) if guaranteed else 0
         found.append((kind, str(container.get("name") or ""), cpu // 1000 if cpu % 1000 == 0 else 0))
     return found
@@ -118,57 +94,18 @@ def _exclusive_cpus(spec: Mapping[str, Any]) -> list[tuple[str, str, int]]:
 
 def units(spec: Mapping[str, Any], topology: NodeTopology) -> list[Unit]:
     """The admit steps: every container in order (init, then app), or the pod once (§4)."""
-    aligned = set(topology.resources)
-    guaranteed = qos_class(spec) == "Guaranteed" and not _pod_level_resources(spec)
+    return units_on(container_units(spec), topology)
+
+
+def units_on(steps: Footprint, topology: NodeTopology) -> list[Unit]:
+    """A pod's container units narrowed to what the node aligns (§5.1), or in pod scope its one
+    unit (§4.2)."""
+    aligned = topology.resources
     memory_manager = any(is_memory(r) for r in aligned)
-    steps = [
-        _container_unit(kind, c, field, guaranteed, aligned, memory_manager)
-        for kind, c, field in _containers(spec)
-    ]
+    narrowed = [unit.on(aligned, memory_manager) for unit in steps]
     if topology.effective_scope != POD_SCOPE:
-        return steps
-    return [_pod_unit(steps)]
-
-
-def _containers(spec: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any], str]]:
-    found = [
-        (SIDECAR if is_sidecar(c) else INIT, c, f"spec.initContainers[{i}]")
-        for i, c in enumerate(containers(spec, "initContainers"))
-    ]
-    return found + [(APP, c, f"spec.containers[{i}]") for i, c in enumerate(containers(spec, "containers"))]
-
-
-def _pod_level_resources(spec: Mapping[str, Any]) -> bool:
-    """``IsPodLevelResourcesSet``: such pods get no CPU or memory hints (§2.1, §2.2)."""
-    resources = spec.get("resources")
-    if not isinstance(resources, Mapping):
-        return False
-    return any(
-        r == CPU or is_memory(r)
-        for key in ("requests", "limits")
-        if isinstance(resources.get(key), Mapping)
-        for r in resources[key]
-    )
-
-
-def _container_unit(
-    kind: str,
-    container: Mapping[str, Any],
-    field: str,
-    guaranteed: bool,
-    aligned: set[str],
-    memory_manager: bool,
-) -> Unit:
-    """One container's aligned requests (§5.1): integer CPUs and memory types of a Guaranteed
-    pod (``guaranteedCPUs``, ``getRequestedResources``), device-plugin resources for any QoS."""
-    requests: ResourceVector = container_requests(container, field)
-    cpu = requests.get(CPU, 0)
-    whole_cpu = cpu if guaranteed and CPU in aligned and cpu % 1000 == 0 else 0
-    memory = (
-        {r: a for r, a in requests.items() if is_memory(r) and a > 0} if guaranteed and memory_manager else {}
-    )
-    devices = {r: a for r, a in requests.items() if a > 0 and r in aligned and is_extended_resource(r)}
-    return Unit(kind, str(container.get("name") or ""), whole_cpu, memory, devices)
+        return narrowed
+    return [_pod_unit(narrowed)]
 
 
 def _pod_unit(steps: list[Unit]) -> Unit:

@@ -16,13 +16,12 @@ from ..checks.node_affinity import node_affinity_mismatch
 from ..checks.placement import candidates
 from ..checks.scheduler import SCHEDULING_EFFECTS, tolerations_of
 from ..checks.sysctl import forbidden_sysctl, pod_sysctls
-from ..checks.topology import CPU, is_memory
 from ..globs import matches_any
 from ..kube.reasons import SYSCTL_FORBIDDEN
 from ..kube.sysctls import namespace_of, normalize
 from ..kube.tolerations import untolerated_taint
 from ..state.model import Node, is_mirror
-from ..state.topology import POLICIES, SCOPES, NodeTopology
+from ..state.topology import CPU, POLICIES, SCOPES, NodeTopology, is_memory
 from . import NO_FIX, POD_FIELDS, Bind, Context, Finding, Mode, Review, device_scheduler, read_mode
 from .device_scheduler import DeviceSchedulerConfig, owned_by_others
 
