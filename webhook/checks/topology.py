@@ -13,14 +13,16 @@ their merge are ``kube.numa``'s.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..kube.numa import REFUSING_POLICIES, SINGLE_NUMA_NODE, Hints, admit, count_hints, memory_hints
+from ..kube.numa import REFUSING_POLICIES, SINGLE_NUMA_NODE, Hints, admit, count_hints, memory_hints, width
+from ..kube.podfingerprint import METHOD_WITH_EXCLUSIVE_RESOURCES, sign
 from ..kube.quantity import format_amount
 from ..kube.reasons import SMT_ALIGNMENT_ERROR, TOPOLOGY_AFFINITY_ERROR
 from ..kube.resources import container_requests, qos_class
+from ..state.model import NodeUsage
 from ..state.topology import (
     CPU,
     INIT,
@@ -34,7 +36,7 @@ from ..state.topology import (
     pod_containers,
     pod_level_resources,
 )
-from .failure import Failure
+from .failure import FINGERPRINT_MISMATCH, Failure
 
 MESSAGE = "Resources cannot be allocated with Topology locality"  # TopologyAffinityError.Error()
 MEMORY = "memory"  # the memory manager's one hint list, for memory and hugepages together
@@ -53,17 +55,84 @@ def topology_affinity(pod, node, usage=None, kubelet=None) -> Failure | None:
     if topology is None or topology.policy not in REFUSING_POLICIES or not topology.zones:
         return smt_alignment(cpus, threads)  # scope_none / best-effort: Allocate every container
     zones = ZoneState.of(topology)
+    seen = PodsSeen(topology, usage)
+    for steps in seen.unaccounted():
+        zones.place(steps)
     pod_scope = topology.effective_scope == POD_SCOPE
     for i, unit in enumerate(units(pod.spec, topology)):
         if not unit.empty:  # else every provider returns nil: {nil, true}
             ok, mask = admit(topology.policy, zones.hints(unit), zones.all)
             if not ok:
-                return Failure(TOPOLOGY_AFFINITY_ERROR, MESSAGE, zones.detail(unit, topology))
+                return seen.doubted(Failure(TOPOLOGY_AFFINITY_ERROR, MESSAGE, zones.detail(unit, topology)))
             zones.allocate(unit, mask)
         failure = smt_alignment(cpus if pod_scope else cpus[i : i + 1], threads)
         if failure is not None:
             return failure
     return None
+
+
+@dataclass(slots=True)
+class PodsSeen:
+    """What the node's NRT may not count yet (issue 27 item 4): the pods the state saw bound
+    after it last changed and the binds in flight (``NodeUsage.unaccounted``, in bind order), and
+    whether the pods the state knows on the node are those its ``nodeTopologyPodsFingerprint``
+    was computed over."""
+
+    topology: NodeTopology
+    usage: NodeUsage | None
+    _matches: bool | None = None
+    _checked: bool = False
+
+    def unaccounted(self) -> Iterator[Footprint]:
+        """The footprints to place before the pod's. Where the fingerprint matches the bound pods,
+        the NRT counts every one of them: only the binds in flight remain (scheduler-plugins'
+        ``overreserve`` cache flushes its assumed pods on a match the same way)."""
+        usage = self.usage
+        if usage is None or not usage.unaccounted:
+            return
+        for key in usage.unaccounted:
+            record = usage.pods.get(key)
+            if record is None:
+                continue
+            bound = key == record.key  # a bind in flight is filed under another key
+            if bound and self.fingerprint_matches():
+                continue
+            yield record.numa
+
+    def fingerprint_matches(self) -> bool | None:
+        """Whether the NRT's fingerprint is that of the pods bound on the node as the state knows
+        them (``podfingerprint.Fingerprint.Sign``; with method ``with-exclusive-resources``, only
+        the pods that align something there); None where the NRT publishes none."""
+        if not self._checked:
+            self._checked = True
+            published = self.topology.fingerprint
+            if published and self.usage is not None:
+                self._matches = sign(self._hashes()) == published
+        return self._matches
+
+    def _hashes(self) -> Iterator[int]:
+        assert self.usage is not None
+        exclusive = self.topology.fingerprint_method == METHOD_WITH_EXCLUSIVE_RESOURCES
+        aligned = self.topology.resources
+        memory_manager = any(is_memory(r) for r in aligned)
+        for key, record in self.usage.pods.items():
+            if key != record.key:
+                continue  # a bind in flight: not on the node yet
+            if exclusive and all(u.on(aligned, memory_manager).empty for u in record.numa):
+                continue
+            yield record.ident
+
+    def doubted(self, failure: Failure) -> Failure:
+        """A refusal, downgraded to a warning where the NRT's fingerprint shows it was computed
+        over other pods than the state knows on the node: its ``available`` cannot be trusted."""
+        if self.fingerprint_matches() is not False:
+            return failure
+        return replace(
+            failure,
+            hint=failure.hint + "; the NRT's nodeTopologyPodsFingerprint does not match the pods the "
+            "guard knows on the node, so its amounts may be stale: warned, not refused",
+            doubt=FINGERPRINT_MISMATCH,
+        )
 
 
 def smt_alignment(cpus: list[tuple[str, str, int]], threads: int) -> Failure | None:
@@ -137,6 +206,10 @@ def _pod_unit(steps: list[Unit]) -> Unit:
     return Unit(POD, "", cpu, memory, devices)
 
 
+def unit_amounts(unit: Unit) -> list[tuple[str, int]]:
+    return [(r, a) for r, a in ((CPU, unit.cpu), *unit.memory.items(), *unit.devices.items()) if a]
+
+
 @dataclass(slots=True)
 class ZoneState:
     """The node's free amounts per zone while the pod's units are admitted one by one, and what
@@ -187,6 +260,32 @@ class ZoneState:
                 self.reuse.get(resource, (0, 0)),
             )
         return found
+
+    def place(self, steps: Footprint) -> None:
+        """An earlier pod the NRT does not count yet, placed where the kubelet would have put it
+        (the best hint, §3.2: for one zone, the lowest-numbered that fits) and taken from there.
+        Only its long-running containers hold anything now (an init container's allocation is
+        reused by them, §5.2). Where the placement cannot be predicted (a multi-zone result,
+        whose exact zones are ``takeByTopology``'s, §7 notes; or no hint the policy accepts on
+        what this view shows), its amounts count against every zone it could be on."""
+        for unit in units_on(tuple(u for u in steps if u.kind != INIT), self.topology):
+            if unit.empty:
+                continue
+            ok, mask = admit(self.topology.policy, self.hints(unit), self.all)
+            if ok and width(mask) == 1:
+                for resource, amount in unit_amounts(unit):
+                    self._take(resource, amount, mask)
+            else:
+                self._charge(unit, mask if ok else self.all)
+
+    def _charge(self, unit: Unit, mask: int) -> None:
+        """``unit`` taken whole from each zone of ``mask`` (scheduler-plugins' ``overreserve``
+        cache: ``resourceStore.UpdateNRT`` subtracts an assumed pod from every zone)."""
+        for resource, amount in unit_amounts(unit):
+            free = self.free.setdefault(resource, [0] * len(self.topology.zones))
+            for i in range(len(free)):
+                if mask >> i & 1:
+                    free[i] = max(0, free[i] - amount)
 
     def allocate(self, unit: Unit, mask: int) -> None:
         """What the providers' ``Allocate`` takes for an admitted container, on ``mask``: this

@@ -121,6 +121,8 @@ class Finding:
     node: str | None = None
     fix: Patch | None = None
     advisory: bool = False
+    # Why a refusal was downgraded to a warning (``checks.failure.FINGERPRINT_MISMATCH``), "" if not.
+    doubt: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -345,6 +345,8 @@ def check(review: Review, context: Context) -> list[Finding]:
             f"{failure.message.rstrip()} ({failure.hint}). Drop spec.nodeName to let the "
             "scheduler place it, or make room first." + (f" {elsewhere}" if i == 0 else ""),
             node=node_name,
+            advisory=bool(failure.doubt),
+            doubt=failure.doubt,
         )
         for i, failure in enumerate(failures)
     ]
@@ -369,6 +371,8 @@ def check_bind(bind: Bind, context: Context) -> list[Finding]:
             f"{failure.message.rstrip()} ({failure.hint}). Capacity reserved for binds not yet visible "
             f"counts. {then}",
             node=bind.node.name,
+            advisory=bool(failure.doubt),
+            doubt=failure.doubt,
         )
         for failure in failures
     ]

@@ -159,7 +159,8 @@ class NodeTopology:
     policy: str | None = None
     scope: str | None = None
     max_numa_nodes: int | None = None
-    fingerprint: str = ""  # ``nodeTopologyPodsFingerprint``: for the staleness rules (issue 27 item 4)
+    fingerprint: str = ""  # ``nodeTopologyPodsFingerprint``: whom ``available`` counts (issue 27 item 4)
+    fingerprint_method: str = ""  # ``nodeTopologyPodsFingerprintMethod``: ``all`` where absent
 
     @property
     def effective_scope(self) -> str:
@@ -191,6 +192,7 @@ def topology_from(obj: Mapping[str, Any]) -> NodeTopology:
         scope=scope,
         max_numa_nodes=_max_numa_nodes(attributes.get("topologyManagerMaxNUMANodes")),
         fingerprint=attributes.get(FINGERPRINT, ""),
+        fingerprint_method=attributes.get(FINGERPRINT_METHOD, ""),
     )
 
 
