@@ -236,13 +236,15 @@ class ZoneState:
     def _free(self, resource: str) -> list[int]:
         return self.free.get(resource) or [0] * len(self.topology.zones)
 
-    def hints(self, unit: Unit) -> dict[str, Hints]:
-        """Every provider's hints for ``unit``, by resource (memory types as one list)."""
+    def hints(self, unit: Unit, complete: bool = False) -> dict[str, Hints]:
+        """Every provider's hints for ``unit``, by resource (memory types as one list): only the
+        preferred ones, all ``admit`` reads, unless ``complete``."""
+        only = not complete
         found: dict[str, Hints] = {}
         if unit.cpu:
             cpu = self.topology.resources[CPU]
             reusable = self.reuse.get(CPU, (0, 0))
-            found[CPU] = count_hints(cpu.listed, cpu.capacity, self._free(CPU), unit.cpu, reusable)
+            found[CPU] = count_hints(cpu.listed, cpu.capacity, self._free(CPU), unit.cpu, reusable, only)
         if unit.memory:
             found[MEMORY] = memory_hints(
                 self.all,
@@ -250,6 +252,7 @@ class ZoneState:
                 {t: self._free(t) for t in unit.memory},
                 unit.memory,
                 self.memory_reuse,
+                only,
             )
         for resource, amount in unit.devices.items():
             found[resource] = count_hints(
@@ -258,6 +261,7 @@ class ZoneState:
                 self._free(resource),
                 amount,
                 self.reuse.get(resource, (0, 0)),
+                only,
             )
         return found
 
