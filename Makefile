@@ -72,6 +72,7 @@ bench: $(STAMP) bench-tools
 	$(BIN)/python bench/dra_index_bench.py
 	$(BIN)/python bench/workload_table_bench.py
 	$(BIN)/python bench/incidents_bench.py
+	$(BIN)/python bench/topology_bench.py
 
 # requirements.lock, which the image installs: every runtime dependency pinned with its hashes,
 # resolved from the default package index within pyproject.toml's bounds. Local pip settings

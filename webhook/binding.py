@@ -45,11 +45,13 @@ from .coordination.transaction import (
     Transaction,
 )
 from .engine import Decision, apply_finding
+from .kube.numa import REFUSING_POLICIES
 from .policies import Bind, Context, Finding, Mode
 from .policies.registry import BIND_COORDINATOR, BIND_POLICIES
 from .state.apiserver import ApiError
 from .state.model import ClusterState, Node, PodRecord, is_mirror
 from .state.source import StateSource
+from .state.topology import is_memory
 
 POLICY = BIND_COORDINATOR.NAME
 # A reservation is stored under its node.
@@ -231,7 +233,7 @@ class BindGuard:
                 found.clear()
                 if not held and judged is not None and state is judged[0] and state.revision == judged[1]:
                     return True  # the engine's verdict, on the same state
-                usage = usage_with(state.usage(node.name), held)
+                usage = usage_with(state.usage(node.name), held, state)
                 in_flight = tuple((r.scheduler, r.requests) for r in held)
                 bind = Bind(pod, node, state, usage, in_flight, pod_name, who, created)
                 context = Context(state, self.config)
@@ -254,7 +256,7 @@ class BindGuard:
                 new,
                 decide,
                 lambda r: r.pod not in dropped,
-                coordinated=capacity is not None and self._coordinated(pod.record),
+                coordinated=capacity is not None and self._coordinated(pod.record, node),
                 write=capacity is not None and not req.dry_run,
                 stands=None if judged is None else partial(_stands, source, judged),
             )
@@ -306,10 +308,19 @@ class BindGuard:
             return _unchecked(outcome, WAITED, message)
         return deny(outcome, POLICY, BUSY, message, node=node, code=429)
 
-    def _coordinated(self, record: PodRecord) -> bool:
+    def _coordinated(self, record: PodRecord, node: Node) -> bool:
+        """Whether the bind is coordinated across replicas (through the node's Lease): it asks
+        for a resource the config coordinates, or for NUMA-aligned resources on a node whose
+        topology manager can refuse (two replicas must not hand one zone's CPUs to two pods)."""
         devices = self.config.device_resources
         settings = self.config.reservations
-        return any(amount and settings.coordinated(r, devices) for r, amount in record.requests.items())
+        if any(amount and settings.coordinated(r, devices) for r, amount in record.requests.items()):
+            return True
+        topology = self.config.topology.for_node(node) if record.numa else None
+        if topology is None or topology.policy not in REFUSING_POLICIES:
+            return False
+        memory_manager = any(is_memory(r) for r in topology.resources)
+        return any(not unit.on(topology.resources, memory_manager).empty for unit in record.numa)
 
 
 def _stands(source: StateSource, judged: Judged) -> bool:

@@ -20,7 +20,7 @@ from .kube.workloads import BUILT_IN, FieldPath, WorkloadKind, WorkloadTable, is
 from .policies import ALL_MODES as MODES
 from .policies import Mode
 from .policies.device_scheduler import DEFAULT_DEVICE_PATTERNS, DeviceSchedulerConfig
-from .policies.node_admission import NodeAdmissionConfig, ReservationsConfig, UnsafeSysctls
+from .policies.node_admission import NodeAdmissionConfig, ReservationsConfig, TopologyConfig, UnsafeSysctls
 from .policies.pinned_node_name import PinnedNodeNameConfig
 from .policies.registry import NAMES, POLICIES
 from .policies.storm_breaker import StormBreakerConfig
@@ -126,6 +126,11 @@ class Config:
         """The coordination's settings (``policies.nodeAdmission.reservations``): the guards'
         table, Leases, deadlines and budget."""
         return self.node_admission.reservations
+
+    @property
+    def topology(self) -> TopologyConfig:
+        """The topology manager check's settings (``policies.nodeAdmission.topology``)."""
+        return self.node_admission.topology
 
     @property
     def device_resources(self) -> tuple[str, ...]:

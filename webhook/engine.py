@@ -47,6 +47,8 @@ class Decision:
     unchecked: list[str] = field(default_factory=list)
     # The pod the policies judged (its requests computed once), for callers that check it again.
     pod: PodUnderReview | None = None
+    # Why refusals were said as warnings only (``Finding.doubt``), one entry each: for the metric.
+    doubts: list[str] = field(default_factory=list)
 
     @property
     def fix_notes(self) -> list[str]:
@@ -173,6 +175,8 @@ def apply_finding(decision: Decision, policy: str, mode: Mode, finding: Finding)
     a violation): the one place this is decided, for objects, binds and allocations. Returns
     the patch to apply, if any."""
     violation = Violation(policy, finding.reason, finding.message, finding.node)
+    if finding.doubt:
+        decision.doubts.append(finding.doubt)
     if finding.advisory or mode == Mode.WARN:
         decision.warnings.append(f"[{policy}] {finding.reason}: {finding.message}")
     elif mode == Mode.AUDIT:

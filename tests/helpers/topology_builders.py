@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tests.helpers.builders import container
+
 Amounts = tuple[Any, Any, Any] | Any  # (capacity, allocatable, available), or one value for all three
 
 
@@ -47,3 +49,9 @@ def nrt(
 
 def _three(amounts: Amounts) -> tuple[Any, Any, Any]:
     return tuple(amounts) if isinstance(amounts, tuple) else (amounts, amounts, amounts)
+
+
+def guaranteed(cpu="6", memory="1Gi", name="app", **extra) -> dict:
+    """A Guaranteed container: requests equal limits."""
+    amounts = {"cpu": cpu, "memory": memory, **extra}
+    return container(name, requests=dict(amounts), limits=dict(amounts))

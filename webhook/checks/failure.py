@@ -6,6 +6,10 @@ from dataclasses import dataclass
 
 from ..kube.quantity import format_amount
 
+# Why a refusal is only a warning: the node's NRT was computed over other pods than the state
+# knows there (``nodeTopologyPodsFingerprint``). A closed set, for the metric.
+FINGERPRINT_MISMATCH = "fingerprint-mismatch"
+
 
 @dataclass(frozen=True, slots=True)
 class Failure:
@@ -18,6 +22,9 @@ class Failure:
     requested: int = 0
     used: int = 0
     capacity: int = 0
+    # Set when the prediction is doubted (``FINGERPRINT_MISMATCH``): said as a warning, never a
+    # denial, and the kubelet's later checks still run.
+    doubt: str = ""
 
     @property
     def insufficient(self) -> bool:

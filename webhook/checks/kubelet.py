@@ -117,7 +117,11 @@ def kubelet_admission(
             continue
         found = check.run(pod, node, usage, kubelet)
         if found and check.alone:
-            return found if isinstance(found, list) else [found]
+            found = found if isinstance(found, list) else [found]
+            if not all(f.doubt for f in found):
+                return found
+            failures.extend(found)  # only doubted: said, and the later handlers still judge
+            continue
         if found:
             found_in = general if check.general_filter else failures
             if isinstance(found, list):

@@ -13,56 +13,34 @@ their merge are ``kube.numa``'s.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..kube.numa import REFUSING_POLICIES, SINGLE_NUMA_NODE, Hints, admit, count_hints, memory_hints
+from ..kube.numa import REFUSING_POLICIES, SINGLE_NUMA_NODE, Hints, admit, count_hints, memory_hints, width
+from ..kube.podfingerprint import METHOD_WITH_EXCLUSIVE_RESOURCES, sign
 from ..kube.quantity import format_amount
 from ..kube.reasons import SMT_ALIGNMENT_ERROR, TOPOLOGY_AFFINITY_ERROR
-from ..kube.resources import (
-    ResourceVector,
-    container_requests,
-    containers,
-    is_extended_resource,
-    is_sidecar,
-    qos_class,
+from ..kube.resources import container_requests, qos_class
+from ..state.model import NodeUsage
+from ..state.topology import (
+    CPU,
+    INIT,
+    POD,
+    SIDECAR,
+    Footprint,
+    NodeTopology,
+    Unit,
+    container_units,
+    is_memory,
+    pod_containers,
+    pod_level_resources,
 )
-from ..state.topology import NodeTopology
-from .failure import Failure
+from .failure import FINGERPRINT_MISMATCH, Failure
 
 MESSAGE = "Resources cannot be allocated with Topology locality"  # TopologyAffinityError.Error()
-CPU = "cpu"
 MEMORY = "memory"  # the memory manager's one hint list, for memory and hugepages together
 POD_SCOPE = "pod"
-INIT, SIDECAR, APP, POD = "init container", "sidecar", "container", "pod"
-
-
-def is_memory(resource: str) -> bool:
-    return resource == "memory" or resource.startswith("hugepages-")
-
-
-@dataclass(frozen=True, slots=True)
-class Unit:
-    """What one ``Admit`` step aligns: a container (container scope) or the pod (pod scope).
-    ``cpu`` in millicores (whole CPUs only), ``memory`` per memory type, ``devices`` per
-    device-plugin resource; only what a hint provider gives hints for (§5.1)."""
-
-    kind: str
-    name: str
-    cpu: int = 0
-    memory: Mapping[str, int] = field(default_factory=dict)
-    devices: Mapping[str, int] = field(default_factory=dict)
-
-    @property
-    def empty(self) -> bool:
-        return not self.cpu and not self.memory and not self.devices
-
-    def describe(self) -> str:
-        amounts = {CPU: self.cpu, **self.memory, **self.devices}
-        asked = ", ".join(f"{r} {format_amount(r, a)}" for r, a in amounts.items() if a)
-        who = "the pod" if self.kind == POD else f"{self.kind} {self.name!r}"
-        return f"{who} ({asked})"
 
 
 def topology_affinity(pod, node, usage=None, kubelet=None) -> Failure | None:
@@ -77,17 +55,84 @@ def topology_affinity(pod, node, usage=None, kubelet=None) -> Failure | None:
     if topology is None or topology.policy not in REFUSING_POLICIES or not topology.zones:
         return smt_alignment(cpus, threads)  # scope_none / best-effort: Allocate every container
     zones = ZoneState.of(topology)
+    seen = PodsSeen(topology, usage)
+    for steps in seen.unaccounted():
+        zones.place(steps)
     pod_scope = topology.effective_scope == POD_SCOPE
     for i, unit in enumerate(units(pod.spec, topology)):
         if not unit.empty:  # else every provider returns nil: {nil, true}
             ok, mask = admit(topology.policy, zones.hints(unit), zones.all)
             if not ok:
-                return Failure(TOPOLOGY_AFFINITY_ERROR, MESSAGE, zones.detail(unit, topology))
+                return seen.doubted(Failure(TOPOLOGY_AFFINITY_ERROR, MESSAGE, zones.detail(unit, topology)))
             zones.allocate(unit, mask)
         failure = smt_alignment(cpus if pod_scope else cpus[i : i + 1], threads)
         if failure is not None:
             return failure
     return None
+
+
+@dataclass(slots=True)
+class PodsSeen:
+    """What the node's NRT may not count yet (issue 27 item 4): the pods the state saw bound
+    after it last changed and the binds in flight (``NodeUsage.unaccounted``, in bind order), and
+    whether the pods the state knows on the node are those its ``nodeTopologyPodsFingerprint``
+    was computed over."""
+
+    topology: NodeTopology
+    usage: NodeUsage | None
+    _matches: bool | None = None
+    _checked: bool = False
+
+    def unaccounted(self) -> Iterator[Footprint]:
+        """The footprints to place before the pod's. Where the fingerprint matches the bound pods,
+        the NRT counts every one of them: only the binds in flight remain (scheduler-plugins'
+        ``overreserve`` cache flushes its assumed pods on a match the same way)."""
+        usage = self.usage
+        if usage is None or not usage.unaccounted:
+            return
+        for key in usage.unaccounted:
+            record = usage.pods.get(key)
+            if record is None:
+                continue
+            bound = key == record.key  # a bind in flight is filed under another key
+            if bound and self.fingerprint_matches():
+                continue
+            yield record.numa
+
+    def fingerprint_matches(self) -> bool | None:
+        """Whether the NRT's fingerprint is that of the pods bound on the node as the state knows
+        them (``podfingerprint.Fingerprint.Sign``; with method ``with-exclusive-resources``, only
+        the pods that align something there); None where the NRT publishes none."""
+        if not self._checked:
+            self._checked = True
+            published = self.topology.fingerprint
+            if published and self.usage is not None:
+                self._matches = sign(self._hashes()) == published
+        return self._matches
+
+    def _hashes(self) -> Iterator[int]:
+        assert self.usage is not None
+        exclusive = self.topology.fingerprint_method == METHOD_WITH_EXCLUSIVE_RESOURCES
+        aligned = self.topology.resources
+        memory_manager = any(is_memory(r) for r in aligned)
+        for key, record in self.usage.pods.items():
+            if key != record.key:
+                continue  # a bind in flight: not on the node yet
+            if exclusive and all(u.on(aligned, memory_manager).empty for u in record.numa):
+                continue
+            yield record.ident
+
+    def doubted(self, failure: Failure) -> Failure:
+        """A refusal, downgraded to a warning where the NRT's fingerprint shows it was computed
+        over other pods than the state knows on the node: its ``available`` cannot be trusted."""
+        if self.fingerprint_matches() is not False:
+            return failure
+        return replace(
+            failure,
+            hint=failure.hint + "; the NRT's nodeTopologyPodsFingerprint does not match the pods the "
+            "guard knows on the node, so its amounts may be stale: warned, not refused",
+            doubt=FINGERPRINT_MISMATCH,
+        )
 
 
 def smt_alignment(cpus: list[tuple[str, str, int]], threads: int) -> Failure | None:
@@ -108,9 +153,9 @@ def smt_alignment(cpus: list[tuple[str, str, int]], threads: int) -> Failure | N
 def _exclusive_cpus(spec: Mapping[str, Any]) -> list[tuple[str, str, int]]:
     """Each container's exclusive CPUs, in admission order (``guaranteedCPUs``: Guaranteed pods
     without pod-level resources, whole CPUs only; 0 for the others)."""
-    guaranteed = qos_class(spec) == "Guaranteed" and not _pod_level_resources(spec)
+    guaranteed = qos_class(spec) == "Guaranteed" and not pod_level_resources(spec)
     found = []
-    for kind, container, where in _containers(spec):
+    for kind, container, where in pod_containers(spec):
         cpu = container_requests(container, where).get(CPU, 0) if guaranteed else 0
         found.append((kind, str(container.get("name") or ""), cpu // 1000 if cpu % 1000 == 0 else 0))
     return found
@@ -118,57 +163,18 @@ def _exclusive_cpus(spec: Mapping[str, Any]) -> list[tuple[str, str, int]]:
 
 def units(spec: Mapping[str, Any], topology: NodeTopology) -> list[Unit]:
     """The admit steps: every container in order (init, then app), or the pod once (§4)."""
-    aligned = set(topology.resources)
-    guaranteed = qos_class(spec) == "Guaranteed" and not _pod_level_resources(spec)
+    return units_on(container_units(spec), topology)
+
+
+def units_on(steps: Footprint, topology: NodeTopology) -> list[Unit]:
+    """A pod's container units narrowed to what the node aligns (§5.1), or in pod scope its one
+    unit (§4.2)."""
+    aligned = topology.resources
     memory_manager = any(is_memory(r) for r in aligned)
-    steps = [
-        _container_unit(kind, c, field, guaranteed, aligned, memory_manager)
-        for kind, c, field in _containers(spec)
-    ]
+    narrowed = [unit.on(aligned, memory_manager) for unit in steps]
     if topology.effective_scope != POD_SCOPE:
-        return steps
-    return [_pod_unit(steps)]
-
-
-def _containers(spec: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any], str]]:
-    found = [
-        (SIDECAR if is_sidecar(c) else INIT, c, f"spec.initContainers[{i}]")
-        for i, c in enumerate(containers(spec, "initContainers"))
-    ]
-    return found + [(APP, c, f"spec.containers[{i}]") for i, c in enumerate(containers(spec, "containers"))]
-
-
-def _pod_level_resources(spec: Mapping[str, Any]) -> bool:
-    """``IsPodLevelResourcesSet``: such pods get no CPU or memory hints (§2.1, §2.2)."""
-    resources = spec.get("resources")
-    if not isinstance(resources, Mapping):
-        return False
-    return any(
-        r == CPU or is_memory(r)
-        for key in ("requests", "limits")
-        if isinstance(resources.get(key), Mapping)
-        for r in resources[key]
-    )
-
-
-def _container_unit(
-    kind: str,
-    container: Mapping[str, Any],
-    field: str,
-    guaranteed: bool,
-    aligned: set[str],
-    memory_manager: bool,
-) -> Unit:
-    """One container's aligned requests (§5.1): integer CPUs and memory types of a Guaranteed
-    pod (``guaranteedCPUs``, ``getRequestedResources``), device-plugin resources for any QoS."""
-    requests: ResourceVector = container_requests(container, field)
-    cpu = requests.get(CPU, 0)
-    whole_cpu = cpu if guaranteed and CPU in aligned and cpu % 1000 == 0 else 0
-    memory = (
-        {r: a for r, a in requests.items() if is_memory(r) and a > 0} if guaranteed and memory_manager else {}
-    )
-    devices = {r: a for r, a in requests.items() if a > 0 and r in aligned and is_extended_resource(r)}
-    return Unit(kind, str(container.get("name") or ""), whole_cpu, memory, devices)
+        return narrowed
+    return [_pod_unit(narrowed)]
 
 
 def _pod_unit(steps: list[Unit]) -> Unit:
@@ -200,6 +206,10 @@ def _pod_unit(steps: list[Unit]) -> Unit:
     return Unit(POD, "", cpu, memory, devices)
 
 
+def unit_amounts(unit: Unit) -> list[tuple[str, int]]:
+    return [(r, a) for r, a in ((CPU, unit.cpu), *unit.memory.items(), *unit.devices.items()) if a]
+
+
 @dataclass(slots=True)
 class ZoneState:
     """The node's free amounts per zone while the pod's units are admitted one by one, and what
@@ -226,13 +236,15 @@ class ZoneState:
     def _free(self, resource: str) -> list[int]:
         return self.free.get(resource) or [0] * len(self.topology.zones)
 
-    def hints(self, unit: Unit) -> dict[str, Hints]:
-        """Every provider's hints for ``unit``, by resource (memory types as one list)."""
+    def hints(self, unit: Unit, complete: bool = False) -> dict[str, Hints]:
+        """Every provider's hints for ``unit``, by resource (memory types as one list): only the
+        preferred ones, all ``admit`` reads, unless ``complete``."""
+        only = not complete
         found: dict[str, Hints] = {}
         if unit.cpu:
             cpu = self.topology.resources[CPU]
             reusable = self.reuse.get(CPU, (0, 0))
-            found[CPU] = count_hints(cpu.listed, cpu.capacity, self._free(CPU), unit.cpu, reusable)
+            found[CPU] = count_hints(cpu.listed, cpu.capacity, self._free(CPU), unit.cpu, reusable, only)
         if unit.memory:
             found[MEMORY] = memory_hints(
                 self.all,
@@ -240,6 +252,7 @@ class ZoneState:
                 {t: self._free(t) for t in unit.memory},
                 unit.memory,
                 self.memory_reuse,
+                only,
             )
         for resource, amount in unit.devices.items():
             found[resource] = count_hints(
@@ -248,8 +261,35 @@ class ZoneState:
                 self._free(resource),
                 amount,
                 self.reuse.get(resource, (0, 0)),
+                only,
             )
         return found
+
+    def place(self, steps: Footprint) -> None:
+        """An earlier pod the NRT does not count yet, placed where the kubelet would have put it
+        (the best hint, §3.2: for one zone, the lowest-numbered that fits) and taken from there.
+        Only its long-running containers hold anything now (an init container's allocation is
+        reused by them, §5.2). Where the placement cannot be predicted (a multi-zone result,
+        whose exact zones are ``takeByTopology``'s, §7 notes; or no hint the policy accepts on
+        what this view shows), its amounts count against every zone it could be on."""
+        for unit in units_on(tuple(u for u in steps if u.kind != INIT), self.topology):
+            if unit.empty:
+                continue
+            ok, mask = admit(self.topology.policy, self.hints(unit), self.all)
+            if ok and width(mask) == 1:
+                for resource, amount in unit_amounts(unit):
+                    self._take(resource, amount, mask)
+            else:
+                self._charge(unit, mask if ok else self.all)
+
+    def _charge(self, unit: Unit, mask: int) -> None:
+        """``unit`` taken whole from each zone of ``mask`` (scheduler-plugins' ``overreserve``
+        cache: ``resourceStore.UpdateNRT`` subtracts an assumed pod from every zone)."""
+        for resource, amount in unit_amounts(unit):
+            free = self.free.setdefault(resource, [0] * len(self.topology.zones))
+            for i in range(len(free)):
+                if mask >> i & 1:
+                    free[i] = max(0, free[i] - amount)
 
     def allocate(self, unit: Unit, mask: int) -> None:
         """What the providers' ``Allocate`` takes for an admitted container, on ``mask``: this

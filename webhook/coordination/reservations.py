@@ -8,8 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from ..kube.ports import HostPort
+from ..kube.resources import is_extended_resource
 from ..state.apiserver import ApiServer
 from ..state.model import ClusterState, NodeUsage, PodRecord
+from ..state.topology import APP, Footprint, Unit
 from .lease import LeaseStore
 from .names import MAX_OBJECT_NAME, bounded_name
 from .table import Codec, LocalTable
@@ -36,6 +38,11 @@ class Reservation:
     # The pod's scheduler: a bind in flight holds the node's devices for it, as a bound pod does
     # (deviceScheduler). "" in records of earlier versions, which did not say.
     scheduler: str = ""
+    # What the pod asks the NUMA-aware hint providers for (``PodRecord.numa``), so that every
+    # replica places the bind in flight on the node's zones alike. Written only when not empty,
+    # under a key earlier versions ignore; their records, without it, are placed by what this
+    # replica's state knows of the pod (``footprint_for``).
+    numa: Footprint = ()
 
     def as_json(self) -> dict[str, Any]:
         data = {
@@ -49,6 +56,8 @@ class Reservation:
             data["confirmBy"] = self.confirm_by
         if self.scheduler:
             data["scheduler"] = self.scheduler
+        if self.numa:
+            data["numa"] = [[u.kind, u.cpu, dict(u.memory), dict(u.devices)] for u in self.numa]
         return data
 
     @classmethod
@@ -63,6 +72,7 @@ class Reservation:
                 float(data["expires"]),
                 float(confirm_by) if confirm_by is not None else None,
                 str(data.get("scheduler") or ""),
+                _numa(data.get("numa")),
             )
         except (KeyError, TypeError, ValueError, AttributeError):
             return None  # a foreign or damaged entry holds nothing
@@ -73,7 +83,45 @@ class Reservation:
     ) -> Reservation:
         requests = {r: a for r, a in record.requests.items() if a}
         confirm_by = now + confirm_within if confirm_within is not None else None
-        return cls(record.key, node, requests, record.host_ports, now + ttl, confirm_by, record.scheduler)
+        return cls(
+            record.key,
+            node,
+            requests,
+            record.host_ports,
+            now + ttl,
+            confirm_by,
+            record.scheduler,
+            record.numa,
+        )
+
+
+def _numa(data: Any) -> Footprint:
+    """The ``numa`` of a stored record: ``[[kind, cpu, {memory}, {devices}], ...]``."""
+    if not data:
+        return ()
+    return tuple(
+        Unit(
+            str(kind),
+            "",
+            int(cpu),
+            {str(r): int(a) for r, a in memory.items()},
+            {str(r): int(a) for r, a in devices.items()},
+        )
+        for kind, cpu, memory, devices in data
+    )
+
+
+def footprint_for(reservation: Reservation, state: ClusterState) -> Footprint:
+    """What a reservation aligns: its own record's, else (a record of an earlier version, which
+    did not say) its pod's as this state knows it, else its extended resources, which device
+    plugins align for any pod (topology-admission-spec §2.3)."""
+    if reservation.numa:
+        return reservation.numa
+    record = state.pods.get(reservation.pod)
+    if record is not None:
+        return record.numa
+    devices = {r: a for r, a in reservation.requests.items() if a > 0 and is_extended_resource(r)}
+    return (Unit(APP, "", 0, {}, devices),) if devices else ()
 
 
 def kept(reservation: Reservation, state: ClusterState, now: float) -> bool:
@@ -101,21 +149,37 @@ def counts(reservation: Reservation, state: ClusterState, now: float) -> bool:
     return record is None or not record.node
 
 
-def usage_with(usage: NodeUsage, reservations: list[Reservation]) -> NodeUsage:
-    """The node's usage as if every reserved pod were already bound there."""
+def usage_with(
+    usage: NodeUsage, reservations: list[Reservation], state: ClusterState | None = None
+) -> NodeUsage:
+    """The node's usage as if every reserved pod were already bound there: after the pods bound
+    since its NRT, in the order they were reserved, none of them counted by its NRT yet.
+    ``state``: where a record of an earlier version finds its pod's footprint."""
     if not reservations:
         return usage
     requested = dict(usage.requested)
     ports = usage.host_ports.copy()
     pods = dict(usage.pods)
-    for reservation in reservations:
+    unaccounted = dict(usage.unaccounted)
+    for reservation in sorted(reservations, key=lambda r: (r.expires, r.pod)):
         for resource, amount in reservation.requests.items():
             requested[resource] = requested.get(resource, 0) + amount
         ports.update(reservation.host_ports)
-        pods[f"reserved/{reservation.pod}"] = PodRecord(
-            reservation.pod, reservation.node, reservation.requests, reservation.host_ports, "", None, False
+        key = f"reserved/{reservation.pod}"
+        numa = footprint_for(reservation, state) if state is not None else reservation.numa
+        pods[key] = PodRecord(
+            reservation.pod,
+            reservation.node,
+            reservation.requests,
+            reservation.host_ports,
+            "",
+            None,
+            False,
+            numa=numa,
         )
-    return NodeUsage(requested, pods, ports)
+        if numa:
+            unaccounted[key] = None
+    return NodeUsage(requested, pods, ports, unaccounted)
 
 
 def merged(*stores: list[Reservation]) -> list[Reservation]:

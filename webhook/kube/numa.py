@@ -11,6 +11,8 @@ tests/unit/checks/test_topology_merge.py proves it equal to a transcription of `
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from functools import lru_cache
+from itertools import combinations
 
 NONE = "none"
 BEST_EFFORT = "best-effort"
@@ -41,12 +43,31 @@ def iterate_masks(zones: int) -> Iterator[int]:
         yield from subsets(0, size, 0)
 
 
+@lru_cache(maxsize=1024)
+def masks_of_width(zones: int, size: int) -> tuple[int, ...]:
+    """The subsets of ``zones`` with ``size`` zones, in ``iterate_masks`` order (cached: a
+    cluster has a few zone layouts)."""
+    bits = [i for i in range(zones.bit_length()) if zones >> i & 1]
+    return tuple(sum(1 << b for b in chosen) for chosen in combinations(bits, size))
+
+
 def mask_sum(values: Sequence[int], mask: int) -> int:
-    return sum(v for i, v in enumerate(values) if mask >> i & 1)
+    """The sum of ``values`` over the zones of ``mask`` (its set bits only: most masks are narrow)."""
+    total = 0
+    while mask:
+        low = mask & -mask
+        total += values[low.bit_length() - 1]
+        mask ^= low
+    return total
 
 
 def count_hints(
-    zones: int, capacity: Sequence[int], free: Sequence[int], request: int, reusable: tuple[int, int] = (0, 0)
+    zones: int,
+    capacity: Sequence[int],
+    free: Sequence[int],
+    request: int,
+    reusable: tuple[int, int] = (0, 0),
+    preferred_only: bool = False,
 ) -> Hints:
     """CPU and device hints: ``generateCPUTopologyHints`` (cpumanager/policy_static.go) and
     ``generateDeviceTopologyHints`` (devicemanager/topology_hints.go) have one shape.
@@ -54,8 +75,12 @@ def count_hints(
     A mask is a hint when its free amount plus the reusable amount (held by this pod's init
     containers, all of which must lie inside the mask: ``reusable`` is (zones, amount)) covers
     the request; it is preferred when no narrower mask has the *capacity* for the request.
+    ``preferred_only``: only the preferred hints, all ``admit`` reads (an empty tuple where there
+    are none, which it reads alike): the masks of one width instead of all 2^N.
     """
     reuse_zones, reuse_amount = reusable
+    if preferred_only:
+        return _preferred_counts(zones, capacity, free, request, reusable)
     min_width = width(zones)
     found: list[int] = []
     for mask in iterate_masks(zones):
@@ -68,12 +93,33 @@ def count_hints(
     return tuple((mask, width(mask) == min_width) for mask in found)
 
 
+def _preferred_counts(
+    zones: int, capacity: Sequence[int], free: Sequence[int], request: int, reusable: tuple[int, int]
+) -> Hints:
+    """``count_hints``' preferred hints: the narrowest width some mask's capacity covers (the
+    widest capacities first: ``min_width``), then the masks of that width that have room."""
+    reuse_zones, reuse_amount = reusable
+    ordered = sorted((capacity[i] for i in range(zones.bit_length()) if zones >> i & 1), reverse=True)
+    preferred, total = width(zones), 0
+    for size, amount in enumerate(ordered, 1):
+        total += amount
+        if total >= request:
+            preferred = size
+            break
+    return tuple(
+        (mask, True)
+        for mask in masks_of_width(zones, preferred)
+        if not reuse_zones & ~mask and mask_sum(free, mask) + reuse_amount >= request
+    )
+
+
 def memory_hints(
     zones: int,
     allocatable: Mapping[str, Sequence[int]],
     free: Mapping[str, Sequence[int]],
     requests: Mapping[str, int],
     reusable: Mapping[int, Mapping[str, int]] | None = None,
+    preferred_only: bool = False,
 ) -> Hints:
     """The memory manager's hints, one list for memory and every hugepages size together
     (``memorymanager/policy_static.go :: calculateHints``): a mask qualifies when, for every
@@ -83,6 +129,8 @@ def memory_hints(
     manager reads as no preference (None), not as impossible (§2.2). The groups of earlier
     multi-NUMA allocations are not in the NRT (§9) and are not modelled."""
     reusable = reusable or {}
+    if preferred_only:
+        return _preferred_memory(zones, allocatable, free, requests, reusable)
     min_width = width(zones)
     found: list[int] = []
     for mask in iterate_masks(zones):
@@ -95,6 +143,35 @@ def memory_hints(
     if not found:
         return None
     return tuple((mask, width(mask) == min_width) for mask in found)
+
+
+def _preferred_memory(
+    zones: int,
+    allocatable: Mapping[str, Sequence[int]],
+    free: Mapping[str, Sequence[int]],
+    requests: Mapping[str, int],
+    reusable: Mapping[int, Mapping[str, int]],
+) -> Hints:
+    """``memory_hints``' preferred hints, width by width from the narrowest: the first width
+    whose allocatable covers the requests is the preferred one. Where none of its masks has the
+    free memory, one wider mask that has it stands for the rest (a non-preferred list, which
+    ``admit`` reads as no preferred hint); where no mask has it, None (no hints at all)."""
+    preferred: int | None = None
+    for size in range(1, width(zones) + 1):
+        found = []
+        for mask in masks_of_width(zones, size):
+            if any(mask_sum(allocatable[t], mask) < amount for t, amount in requests.items()):
+                continue
+            if preferred is None:
+                preferred = size
+            held = reusable.get(mask, {})
+            if all(mask_sum(free[t], mask) + held.get(t, 0) >= amount for t, amount in requests.items()):
+                if size > preferred:
+                    return ((mask, False),)
+                found.append((mask, True))
+        if found:
+            return tuple(found)
+    return None
 
 
 def narrowest(masks: set[int]) -> int:

@@ -158,6 +158,8 @@ class Finding:
     subject: Subject | None = None
     resource: str = ""
     count: int = 0
+    # Why a refusal was downgraded to a warning (``checks.failure.FINGERPRINT_MISMATCH``), "" if not.
+    doubt: str = ""
 
     # The audit report's names for a finding's fields (its JSON contract says ``type``).
     @property

@@ -165,6 +165,8 @@ def _record(metrics: Metrics, endpoint: str, outcome: Outcome, latency: float) -
         findings += [("audited", v) for v in decision.audited]
     for outcome_label, violation in findings:
         metrics.count_finding(violation.policy, violation.reason, outcome_label)
+    for doubt in decision.doubts:
+        metrics.count_topology_doubt(doubt)
 
 
 def _log_line(endpoint: str, outcome: Outcome, latency: float) -> str:

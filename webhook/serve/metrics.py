@@ -137,6 +137,13 @@ class Metrics:
             ["reason"],
             registry=registry,
         )
+        self.topology_doubts = Counter(
+            "admit_guard_topology_refusals_doubted",
+            "Topology manager refusals said as warnings instead, by why: fingerprint-mismatch (the "
+            "node's NRT was computed over other pods than the guard knows there).",
+            ["reason"],
+            registry=registry,
+        )
         self.audit = AuditGauges(registry)
         self.storm = StormGauges(registry)
         self._state_observed_at = float("-inf")
@@ -169,6 +176,9 @@ class Metrics:
 
     def count_table_trouble(self, reason: str) -> None:
         self._child(self.table_trouble, reason).inc()  # reasons come from a closed set
+
+    def count_topology_doubt(self, reason: str) -> None:
+        self._child(self.topology_doubts, reason).inc()  # reasons come from a closed set
 
     def count_bad_request(self, endpoint: str, code: int) -> None:
         self._child(self.bad_requests, closed(endpoint, ENDPOINTS), str(code)).inc()

@@ -333,6 +333,8 @@ class Informer:
                     resource_version = self._list(kind)
                     relists.listed(time.monotonic())
                     self._synced.add(kind.name)
+                    if self.synced:  # from here on, a pod seen bound is newer than its node's NRT
+                        self.state.topology_age_known = True
                     self._failures[kind.name] = 0
                 resource_version = self._watch(kind, resource_version)
             except Exception as err:

@@ -18,6 +18,7 @@ import orjson
 
 from ..kube.errors import MAPPING, FieldError, mapping_at
 from ..kube.pod_fields import check_pod_fields
+from ..kube.podfingerprint import pod_hash
 from ..kube.ports import HostPort, host_ports
 from ..kube.resources import (
     ResourceVector,
@@ -29,6 +30,7 @@ from ..kube.resources import (
 from ..kube.tolerations import Taint, taint_from
 from ..kube.workloads import PodShape
 from .storm import StormBreakers
+from .topology import Footprint, footprint
 
 if TYPE_CHECKING:
     from .devices import DeviceIndex
@@ -74,6 +76,11 @@ class PodRecord:
     # ``namespace/name`` of a pod that holds an extended resource (the device pods a message
     # names); "" for the others, whose names no message needs.
     name: str = ""
+    # What it asks the NUMA-aware hint providers for (``topology.footprint``): () for most pods.
+    numa: Footprint = ()
+    # Its ``podfingerprint`` hash (namespace and name), once bound: the node's pod set is
+    # compared with its NRT's ``nodeTopologyPodsFingerprint``. 0 while pending.
+    ident: int = 0
 
     @property
     def devices(self) -> Iterator[str]:
@@ -107,6 +114,9 @@ class NodeUsage:
     requested: ResourceVector = field(default_factory=dict)
     pods: dict[str, PodRecord] = field(default_factory=dict)
     host_ports: Counter[HostPort] = field(default_factory=Counter)
+    # The keys of ``pods`` bound here after the node's NRT last changed, in bind order, that
+    # align something (a footprint): its ``available`` does not show them yet (issue 27 item 4).
+    unaccounted: dict[str, None] = field(default_factory=dict)
 
     @property
     def pod_count(self) -> int:
@@ -114,7 +124,9 @@ class NodeUsage:
 
     def copy(self) -> NodeUsage:
         """A snapshot to judge against after the state's lock is released."""
-        return NodeUsage(dict(self.requested), dict(self.pods), self.host_ports.copy())
+        return NodeUsage(
+            dict(self.requested), dict(self.pods), self.host_ports.copy(), dict(self.unaccounted)
+        )
 
     def with_pod(self, record: PodRecord) -> NodeUsage:
         """A copy with one more pod (what the node would hold after it is admitted)."""
@@ -123,7 +135,8 @@ class NodeUsage:
             requested[resource] = requested.get(resource, 0) + amount
         ports = self.host_ports.copy()
         ports.update(record.host_ports)
-        return NodeUsage(requested, {**self.pods, record.key: record}, ports)
+        unaccounted = {**self.unaccounted, record.key: None} if record.numa else self.unaccounted
+        return NodeUsage(requested, {**self.pods, record.key: record}, ports, unaccounted)
 
     def without(self, key: str) -> NodeUsage:
         """A copy without one pod: the incoming pod never counts against itself."""
@@ -136,7 +149,8 @@ class NodeUsage:
         ports = self.host_ports.copy()
         ports.subtract(record.host_ports)
         pods = {k: v for k, v in self.pods.items() if k != key}
-        return NodeUsage(requested, pods, +ports)
+        unaccounted = {k: None for k in self.unaccounted if k != key}
+        return NodeUsage(requested, pods, +ports, unaccounted)
 
 
 _EMPTY_USAGE = NodeUsage()
@@ -187,9 +201,9 @@ def pod_record(pod: Mapping[str, Any], *, parsed_json: bool = False) -> PodRecor
     check_pod_fields(metadata, spec)
     priority = pod_priority(spec)
     if parsed_json:
-        requests, ports = _shared_requests_and_ports(spec, status)
+        requests, ports, numa = _shared_requests_and_ports(spec, status)
     else:
-        requests, ports = _requests_and_ports(spec, status)
+        requests, ports, numa = _requests_and_ports(spec, status)
     node = sys.intern(str(spec.get("nodeName") or ""))
     return PodRecord(
         key=object_key(pod),
@@ -201,6 +215,10 @@ def pod_record(pod: Mapping[str, Any], *, parsed_json: bool = False) -> PodRecor
         critical=is_critical(metadata, priority),
         pending=None if node else _pending(metadata, spec),
         name=_device_pod_name(metadata, requests),
+        numa=numa,
+        ident=pod_hash(str(metadata.get("namespace") or "default"), str(metadata.get("name") or ""))
+        if node
+        else 0,
     )
 
 
@@ -214,14 +232,14 @@ def _device_pod_name(metadata: Mapping[str, Any], requests: ResourceVector) -> s
 
 _SHARED_MAX = 4096  # distinct inputs remembered: a cluster has a few per workload
 _SHARED_KEY_BYTES = 2048  # larger inputs are computed every time, never kept
-_shared: dict[bytes, tuple[ResourceVector, tuple[HostPort, ...]]] = {}
+_shared: dict[bytes, tuple[ResourceVector, tuple[HostPort, ...], Footprint]] = {}
 # Types orjson would write like JSON's own (datetime as a string, ...) must not reach a key.
 _EXACT = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_SUBCLASS
 
 
 def _requests_and_ports(spec: Mapping[str, Any], status: Mapping[str, Any]):
     requests = {sys.intern(k): v for k, v in pod_requests(spec, status).items()}
-    return requests, host_ports(spec)
+    return requests, host_ports(spec), footprint(spec)
 
 
 def _shared_requests_and_ports(spec: Mapping[str, Any], status: Mapping[str, Any]):
@@ -247,7 +265,7 @@ def _shared_requests_and_ports(spec: Mapping[str, Any], status: Mapping[str, Any
 
 
 def _inputs(spec: Mapping[str, Any], status: Mapping[str, Any]) -> tuple:
-    """What ``pod_requests`` and ``host_ports`` read: the containers' names, restart policies,
+    """What ``pod_requests``, ``host_ports`` and ``footprint`` read: the containers' names, restart policies,
     resources and ports, pod-level resources and overhead, and (in-place resize) the
     containers' statuses and whether a resize is infeasible."""
     statuses = None
@@ -337,6 +355,7 @@ class ClusterState:
         "revision",
         "storm",
         "topologies",
+        "topology_age_known",
     )
 
     def __init__(self, storm: StormBreakers | None = None) -> None:
@@ -357,6 +376,10 @@ class ClusterState:
         # Per node, its NodeResourceTopology, kept apart from the Node so that either may come
         # first; ``set_node`` and ``set_topology`` attach it to the node's record.
         self.topologies: dict[str, NodeTopology] = {}
+        # Whether a pod seen bound can be told from one its node's NRT already counts: only in
+        # a live state, once its first lists are in (the informer sets it). A snapshot cannot
+        # tell, so its NRTs' ``available`` is taken to count every pod on the node.
+        self.topology_age_known = False
         # Bumped by every change: a verdict reached at one revision holds at that revision.
         self.revision = 0
 
@@ -415,6 +438,9 @@ class ClusterState:
             return
         else:
             self.topologies[name] = topology
+        usage = self._usage.get(name)
+        if usage is not None:
+            usage.unaccounted.clear()  # a new NRT counts what was bound before it
         node = self.nodes.get(name)
         if node is not None:
             node.topology = topology
@@ -444,6 +470,7 @@ class ClusterState:
         self.revision += 1
         if record.key == key:
             key = record.key  # one string for the record and the keys it is filed under
+        unaccounted = self._unaccounted(key, record)
         self._unindex(key)
         self.ended.pop(key, None)
         self.pods[key] = record
@@ -462,6 +489,19 @@ class ClusterState:
                     usage.requested[resource] = usage.requested.get(resource, 0) + amount
             if record.host_ports:  # Counter.update costs a microsecond even for nothing
                 usage.host_ports.update(record.host_ports)
+            if unaccounted:
+                usage.unaccounted[key] = None
+
+    def _unaccounted(self, key: str, record: PodRecord) -> bool:
+        """Whether ``record`` is bound where its node's NRT does not count it yet: it aligns
+        something, and the state saw it bound after that NRT (or it already was so)."""
+        if not record.node or not record.numa or record.node not in self.topologies:
+            return False
+        old = self.pods.get(key)
+        if old is not None and old.node == record.node:
+            usage = self._usage.get(record.node)
+            return usage is not None and key in usage.unaccounted
+        return self.topology_age_known
 
     def remove_pod(self, key: str) -> None:
         """The pod was deleted or ended: it holds nothing, and its reservations end."""
@@ -499,6 +539,7 @@ class ClusterState:
         if usage is None:
             return
         del usage.pods[key]
+        usage.unaccounted.pop(key, None)
         for resource, amount in record.requests.items():
             if not amount:
                 continue

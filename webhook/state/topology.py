@@ -12,11 +12,20 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..kube.errors import MAPPING, FieldError
-from ..kube.resources import resource_list
+from ..kube.quantity import format_amount
+from ..kube.resources import (
+    ResourceVector,
+    container_requests,
+    containers,
+    is_extended_resource,
+    is_sidecar,
+    qos_class,
+    resource_list,
+)
 
 POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
 SCOPES = ("container", "pod")
@@ -32,6 +41,95 @@ _LEGACY_POLICIES = {
     "BestEffortPodLevel": ("best-effort", "pod"),
 }
 FINGERPRINT = "nodeTopologyPodsFingerprint"
+FINGERPRINT_METHOD = "nodeTopologyPodsFingerprintMethod"
+CPU = "cpu"
+INIT, SIDECAR, APP, POD = "init container", "sidecar", "container", "pod"
+
+
+def is_memory(resource: str) -> bool:
+    return resource == "memory" or resource.startswith("hugepages-")
+
+
+@dataclass(frozen=True, slots=True)
+class Unit:
+    """What one ``Admit`` step aligns: a container (container scope) or the pod (pod scope).
+    ``cpu`` in millicores (whole CPUs only), ``memory`` per memory type, ``devices`` per
+    device-plugin resource; only what a hint provider gives hints for (§5.1)."""
+
+    kind: str
+    name: str
+    cpu: int = 0
+    memory: Mapping[str, int] = field(default_factory=dict)
+    devices: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def empty(self) -> bool:
+        return not self.cpu and not self.memory and not self.devices
+
+    def describe(self) -> str:
+        amounts = {CPU: self.cpu, **self.memory, **self.devices}
+        asked = ", ".join(f"{r} {format_amount(r, a)}" for r, a in amounts.items() if a)
+        who = "the pod" if self.kind == POD else f"{self.kind} {self.name!r}"
+        return f"{who} ({asked})"
+
+    def on(self, aligned: Mapping[str, Any], memory_manager: bool) -> Unit:
+        """This unit on a node whose zones list ``aligned``: what no provider there aligns is
+        dropped (no static CPU manager, no memory manager, no device with NUMA affinity)."""
+        cpu = self.cpu if CPU in aligned else 0
+        memory = self.memory if memory_manager else {}
+        devices = {r: a for r, a in self.devices.items() if r in aligned}
+        if cpu == self.cpu and memory is self.memory and len(devices) == len(self.devices):
+            return self
+        return Unit(self.kind, self.name, cpu, memory, devices)
+
+
+Footprint = tuple[Unit, ...]  # a pod's units in admission order; () when it aligns nothing
+
+
+def footprint(spec: Mapping[str, Any]) -> Footprint:
+    """What a pod asks every NUMA-aware hint provider for, container by container, on any node
+    (``on`` narrows it to one node's zones): whole CPUs and memory types of a Guaranteed pod
+    without pod-level resources (``guaranteedCPUs``, ``getRequestedResources``), extended
+    resources for any QoS (device plugins: §2.3). Empty when nothing is asked: most pods."""
+    units = container_units(spec)
+    return units if any(not u.empty for u in units) else ()
+
+
+def container_units(spec: Mapping[str, Any]) -> Footprint:
+    """Every container's unit, in admission order, empty ones included."""
+    guaranteed = qos_class(spec) == "Guaranteed" and not pod_level_resources(spec)
+    return tuple(_container_unit(kind, c, where, guaranteed) for kind, c, where in pod_containers(spec))
+
+
+def pod_containers(spec: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any], str]]:
+    """Every container in admission order, init (regular or sidecar) then app, with its field."""
+    found = [
+        (SIDECAR if is_sidecar(c) else INIT, c, f"spec.initContainers[{i}]")
+        for i, c in enumerate(containers(spec, "initContainers"))
+    ]
+    return found + [(APP, c, f"spec.containers[{i}]") for i, c in enumerate(containers(spec, "containers"))]
+
+
+def pod_level_resources(spec: Mapping[str, Any]) -> bool:
+    """``IsPodLevelResourcesSet``: such pods get no CPU or memory hints (§2.1, §2.2)."""
+    resources = spec.get("resources")
+    if not isinstance(resources, Mapping):
+        return False
+    return any(
+        r == CPU or is_memory(r)
+        for key in ("requests", "limits")
+        if isinstance(resources.get(key), Mapping)
+        for r in resources[key]
+    )
+
+
+def _container_unit(kind: str, container: Mapping[str, Any], where: str, guaranteed: bool) -> Unit:
+    requests: ResourceVector = container_requests(container, where)
+    cpu = requests.get(CPU, 0)
+    whole_cpu = cpu if guaranteed and cpu % 1000 == 0 else 0
+    memory = {r: a for r, a in requests.items() if is_memory(r) and a > 0} if guaranteed else {}
+    devices = {r: a for r, a in requests.items() if a > 0 and is_extended_resource(r)}
+    return Unit(kind, str(container.get("name") or ""), whole_cpu, memory, devices)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +159,8 @@ class NodeTopology:
     policy: str | None = None
     scope: str | None = None
     max_numa_nodes: int | None = None
-    fingerprint: str = ""  # ``nodeTopologyPodsFingerprint``: for the staleness rules (issue 27 item 4)
+    fingerprint: str = ""  # ``nodeTopologyPodsFingerprint``: whom ``available`` counts (issue 27 item 4)
+    fingerprint_method: str = ""  # ``nodeTopologyPodsFingerprintMethod``: ``all`` where absent
 
     @property
     def effective_scope(self) -> str:
@@ -93,6 +192,7 @@ def topology_from(obj: Mapping[str, Any]) -> NodeTopology:
         scope=scope,
         max_numa_nodes=_max_numa_nodes(attributes.get("topologyManagerMaxNUMANodes")),
         fingerprint=attributes.get(FINGERPRINT, ""),
+        fingerprint_method=attributes.get(FINGERPRINT_METHOD, ""),
     )
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers.builders import container, deployment, node, pod
-from tests.helpers.topology_builders import nrt
+from tests.helpers.topology_builders import guaranteed, nrt
 from webhook.checks import PodUnderReview, kubelet_admission
 from webhook.config import Config, ConfigError, config_from_dict
 from webhook.engine import evaluate
@@ -24,11 +24,6 @@ def cluster(zones, policy="single-numa-node", scope=None, **node_args) -> Cluste
     state.set_node(node_from(node("node-1", cpu="256", memory="1Ti", **node_args)))
     state.set_topology("node-1", topology_from(nrt("node-1", zones, policy=policy, scope=scope)))
     return state
-
-
-def guaranteed(cpu="6", memory="1Gi", name="app", **extra) -> dict:
-    amounts = {"cpu": cpu, "memory": memory, **extra}
-    return container(name, requests=dict(amounts), limits=dict(amounts))
 
 
 def burstable(cpu="6", name="app", **extra) -> dict:

@@ -14,7 +14,6 @@ from ...checks import kubelet_admission
 from ...checks.kubelet import KubeletConfig
 from ...checks.node_affinity import node_affinity_mismatch
 from ...checks.sysctl import forbidden_sysctl, pod_sysctls
-from ...checks.topology import CPU, is_memory
 from ...globs import matches_any
 from ...kube.reasons import SYSCTL_FORBIDDEN
 from ...kube.sysctls import namespace_of, normalize
@@ -22,7 +21,7 @@ from ...kube.tolerations import untolerated_taint
 from ...scheduler.filters import SCHEDULING_EFFECTS, tolerations_of
 from ...scheduler.placement import candidates
 from ...state.model import PODS, Node, is_mirror
-from ...state.topology import POLICIES, SCOPES, NodeTopology
+from ...state.topology import CPU, POLICIES, SCOPES, NodeTopology, is_memory
 from .. import (
     BINDS,
     NO_CLUSTER_STATE,
@@ -365,6 +364,8 @@ def check(review: Review, context: Context) -> list[Finding]:
             f"{failure.message.rstrip()} ({failure.hint}). Drop spec.nodeName to let the "
             "scheduler place it, or make room first." + (f" {elsewhere}" if i == 0 else ""),
             node=node_name,
+            advisory=bool(failure.doubt),
+            doubt=failure.doubt,
         )
         for i, failure in enumerate(failures)
     ]
@@ -389,6 +390,8 @@ def check_bind(bind: Bind, context: Context) -> list[Finding]:
             f"{failure.message.rstrip()} ({failure.hint}). Capacity reserved for binds not yet visible "
             f"counts. {then}",
             node=bind.node.name,
+            advisory=bool(failure.doubt),
+            doubt=failure.doubt,
         )
         for failure in failures
     ]
