@@ -54,7 +54,8 @@ from gunicorn import http, sock, util
 from gunicorn.workers.gthread import TConn, ThreadWorker
 
 from .app import SOURCE_EXTENSION
-from .framing import COMPLETE, INCOMPLETE, TOO_LARGE, RequestFraming
+from .direct import Exchange
+from .framing import COMPLETE, INCOMPLETE, TOO_LARGE, Head, RequestFraming
 from .limits import (
     DEFAULT_BUFFERED_BYTES,
     DRAIN_LIMIT,
@@ -69,7 +70,8 @@ from .limits import (
 )
 from .listening import Membership
 from .metrics import BUFFER_BUDGET, count_refused
-from .reply import WOULD_BLOCK, Reply, with_client_identity
+from .reply import WOULD_BLOCK, Reply, send_without_waiting, with_client_identity
+from .wsgi import CLIENT_VERIFIED, error_body
 
 _READ_SIZE = 256 * 1024
 # Reads for one connection before the loop turns to the others (it comes back: the socket is
@@ -179,7 +181,8 @@ class GuardWorker(ThreadWorker):
         source = getattr(self.wsgi, "extensions", {}).get(SOURCE_EXTENSION)
         if source is not None:
             self.readiness = lambda: source.readiness().ready
-        self.wsgi = with_client_identity(self.wsgi)
+        self.exchange = Exchange(self.wsgi, secure=self.cfg.is_ssl, multiprocess=self.cfg.workers > 1)
+        self.wsgi = with_client_identity(self.wsgi)  # for the requests gunicorn parses
         gc.freeze()  # the app, once built, is never garbage: full collections need not scan it
 
     def _fit_descriptor_limit(self) -> None:
@@ -399,6 +402,45 @@ class GuardWorker(ThreadWorker):
                 self.log.exception("closing a connection after an error at its deadline")
                 if self.pending_requests.get(pending.conn) is pending:
                     self._drop(pending)
+
+    def handle(self, conn: TConn):
+        """In a pool thread: a request whose head the loop parsed is answered from it
+        (``direct.py``); any other goes through gunicorn's parser."""
+        request = getattr(conn, "request", None)
+        if request is None:
+            return super().handle(conn)
+        conn.request = None
+        try:
+            return self._answer_directly(conn, *request)
+        except OSError:  # the client went away
+            return False
+
+    def _answer_directly(self, conn: TConn, head: Head, body: bytes) -> bool:
+        """The reply in one send, what the client does not take left to the loop (as ``Reply``
+        does for gunicorn's); whether the connection stays open."""
+        environ = self.exchange.environ(head, body, conn.client, conn.server)
+        environ[CLIENT_VERIFIED] = getattr(conn, "client_verified", False)
+        try:
+            reply, keep_alive = self.exchange.answer(environ, head, self._may_keep_alive())
+        except Exception:  # the app's bug: still an answer, and the connection closes
+            self.log.exception("Error handling request %s", head.target)
+            body = error_body(500, "internal error")
+            reply = (
+                b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body)
+            )
+            keep_alive = False
+        conn.unsent = send_without_waiting(conn.sock, reply)
+        return keep_alive
+
+    def _may_keep_alive(self) -> bool:
+        """gunicorn's rule (``ThreadWorker.handle_request``), counting the request toward
+        ``max_requests``: not while stopping, nor past the keep-alive connection limit."""
+        self.nr += 1
+        if self.nr >= self.max_requests and self.alive:
+            self.log.info("Autorestarting worker after current request.")
+            self.alive = False
+        return self.alive and bool(self.cfg.keepalive) and len(self.keepalived_conns) < self.max_keepalived
 
     def handle_request(self, req, conn: TConn):
         """Answer into a ``Reply``; what the client does not take at once is left to the loop."""
@@ -678,7 +720,12 @@ class GuardWorker(ThreadWorker):
         if conn.parser is None:
             conn.parser = http.get_parser(self.cfg, conn.sock, conn.client)
             conn.initialized = True
-        conn.parser.unreader.unread(data)  # copied into the unreader's buffer; ``data`` goes
+        framing = pending.framing
+        if framing.head is not None:  # answered from the loop's parse (``handle``)
+            conn.request = (framing.head, bytes(data[framing.head_end : framing.end]))
+            data = data[framing.end :]  # pipelined: the next request's first bytes
+        if data:
+            conn.parser.unreader.unread(data)  # copied into the unreader's buffer; ``data`` goes
         conn.held, pending.held = pending.held, 0
         conn.data_ready = True
         super().enqueue_req(conn)
