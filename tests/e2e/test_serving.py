@@ -15,8 +15,11 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 
+from tests.helpers.builders import node, pod
+from tests.helpers.fake_apiserver import Cluster, FakeApiServer
 from tests.helpers.live_server import (
     connections_by_worker,
+    listening,
     live_server,
     metric_sum,
     post_json,
@@ -248,3 +251,69 @@ def test_a_restarting_worker_loses_no_new_connection(tmp_path):
         wait_listening(server.port, 2)  # its replacement listens
         for _ in range(8):
             assert review(server, "validate", example("good-pod-pinned-with-room"))["allowed"]
+
+
+def _pinned_pod_create(i: int) -> dict:
+    """A Pod CREATE with ``spec.nodeName`` (so the node's state decides it) that fits."""
+    obj = pod(f"pinned-{i}", node_name="node-1", requests={"cpu": "1m"})
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {"uid": f"uid-{i}", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                    "namespace": "default", "operation": "CREATE", "object": obj},
+    }  # fmt: skip
+
+
+@pytest.fixture
+def api_server():
+    cluster = Cluster(bookmark_every=0.2)
+    cluster.load("nodes", [node("node-1", pods="100000")])
+    server = FakeApiServer(cluster)
+    yield cluster, server
+    server.close()
+
+
+def test_a_restarted_worker_takes_no_connection_before_its_state_is_synced(api_server, tmp_path):
+    """A worker that crashed is replaced by one that lists the cluster again (seconds on a large
+    one): while it does, its sibling answers every connection, so no review is answered from a
+    state that is not there (a fail-open warning, or a node said not to exist)."""
+    cluster, apiserver = api_server
+    kubeconfig = apiserver.kubeconfig(tmp_path / "kubeconfig")
+    with live_server(tmp_path, "--kubeconfig", kubeconfig) as server:
+        cluster.list_delay = 3.0  # from now on, every list is slow: only the new worker lists
+        crashed = worker_pids(server.process.pid)[0]
+        os.kill(crashed, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while len(set(worker_pids(server.process.pid)) - {crashed}) < 2:
+            assert time.monotonic() < deadline, "gunicorn did not replace the crashed worker"
+            time.sleep(0.02)
+        replacement = max(set(worker_pids(server.process.pid)) - {crashed})
+        answers = []
+        syncing_until = time.monotonic() + 2.5
+        while time.monotonic() < syncing_until:
+            answers.append(review(server, "validate", _pinned_pod_create(len(answers))))
+        unchecked = [a for a in answers if not a["allowed"] or "warnings" in a]
+        assert not unchecked, unchecked[0]
+        assert len(answers) > 10
+        wait_listening(server.port, 2, timeout=15)  # it joins once its state is synced
+        assert replacement in worker_pids(server.process.pid)
+
+
+def test_with_no_worker_ready_one_listens_so_the_replica_still_answers(api_server, tmp_path):
+    """While every worker lists the cluster (the replica starting, a slow API server), one of
+    them listens: the liveness probe and the reviews answered per failOpen still reach the
+    replica. Its siblings join as their states are ready."""
+    cluster, apiserver = api_server
+    cluster.list_delay = 5.0
+    kubeconfig = apiserver.kubeconfig(tmp_path / "kubeconfig")
+    with live_server(tmp_path, "--kubeconfig", kubeconfig, ready=False) as server:
+        assert listening(server.port) == 1
+        conn = server.connect()
+        conn.request("GET", "/readyz")
+        assert conn.getresponse().status == 503
+        conn.close()
+        early = review(server, "validate", _pinned_pod_create(0))
+        assert early["allowed"] and "ClusterStateUnavailable" in early["warnings"][0]
+        wait_listening(server.port, 2, timeout=15)
+        late = review(server, "validate", _pinned_pod_create(1))
+        assert late["allowed"] and "warnings" not in late

@@ -91,6 +91,7 @@ class Cluster:
     lease_conflicts: int = 0
     lease_deletes: int = 0
     lease_delay: float = 0.0  # seconds before each Lease answer: a slow API server
+    list_delay: float = 0.0  # seconds before each list's first page: a large or loaded cluster
     # Seconds each watch event waits before it is sent: a loaded API server's watch cache, so a
     # review can carry a resourceVersion newer than any watcher has seen.
     watch_lag: float = 0.0
@@ -314,6 +315,7 @@ class _Handler(BaseHTTPRequestHandler):
             )
         if not query.get("continue"):
             self.cluster.lists[resource] += 1
+            time.sleep(self.cluster.list_delay)
         if self.cluster.ignore_limit:
             return self._whole_list(resource)
         return self._list(resource, int(query.get("limit") or 0), query.get("continue", ""))

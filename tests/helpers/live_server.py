@@ -116,8 +116,11 @@ def free_port() -> int:
 
 
 @contextmanager
-def live_server(workdir: Path, *args: str, workers: int = 2, threads: int = 4) -> Iterator[LiveServer]:
-    """Start the server, wait until /readyz answers over verified TLS, stop it on exit."""
+def live_server(
+    workdir: Path, *args: str, workers: int = 2, threads: int = 4, ready: bool = True
+) -> Iterator[LiveServer]:
+    """Start the server, wait until /readyz answers over verified TLS (``ready``; else only until
+    /healthz does), stop it on exit."""
     cert_dir = workdir / "certs"
     if not (cert_dir / "tls.crt").exists():
         issue("admit-guard", "admit-guard", cert_dir)
@@ -131,8 +134,9 @@ def live_server(workdir: Path, *args: str, workers: int = 2, threads: int = 4) -
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
     server = LiveServer(port, cert_dir, process, workdir / "server.log")
     try:
-        _wait_ready(server)
-        wait_listening(server.port, workers)
+        _wait_ready(server, "/readyz" if ready else "/healthz")
+        if ready:
+            wait_listening(server.port, workers)
         yield server
     finally:
         process.terminate()
@@ -144,14 +148,19 @@ def live_server(workdir: Path, *args: str, workers: int = 2, threads: int = 4) -
         log.close()
 
 
-def _wait_ready(server: LiveServer, timeout: float = 30.0) -> None:
+def listening(port: int) -> int:
+    """How many sockets listen on ``port``: one per worker that joined it."""
+    return len(_sockets_on(port, _LISTEN))
+
+
+def _wait_ready(server: LiveServer, path: str = "/readyz", timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if server.process.poll() is not None:
             raise RuntimeError(f"admit-guard serve exited with {server.process.returncode}")
         try:
             conn = server.connect()
-            conn.request("GET", "/readyz")
+            conn.request("GET", path)
             if conn.getresponse().status == 200:
                 conn.close()
                 return

@@ -4,8 +4,9 @@
 
     kube-apiserver ── HTTPS POST /validate ──┐
       listener     gunicorn.py  a listening socket per worker (SO_REUSEPORT): the kernel spreads
-                                new connections over the workers; the master holds the address
-                                without listening
+                   listening.py new connections over the workers; the master holds the address
+                                without listening; a worker listens once its state is ready (or
+                                when no sibling listens)
       socket       worker.py    GuardWorker.accept: TCP_NODELAY; the connection waits in the
                                 poller, not even wrapped in TLS, until its first byte (first-byte
                                 timeout, connection limit: the oldest idle connection makes room)
@@ -14,7 +15,9 @@
       framing      framing.py   RequestFraming: where the request ends (head, Content-Length,
                                 chunks through ../chunked.py); 413 and 400 from the loop
       pool thread  worker.py    GuardWorker._submit: the whole request to gunicorn's thread pool,
-                                which parses it from the buffered bytes and never reads a client
+                                which never reads a client: a plain head the loop parsed is
+                   direct.py    answered from that parse (Exchange: environ, reply); any other
+                                is parsed again from the buffered bytes by gunicorn
       WSGI         reply.py     with_client_identity: whether the client certificate verified
                    wsgi.py      AdmissionEndpoints: POST /validate and /mutate (403, 405, 413);
                                 every other path to the Flask app (app.py: /healthz /readyz
@@ -36,10 +39,9 @@ multi-process files), and ``limits.py``: every limit a client meets on the way, 
 One chunked decoder: ``webhook/formats/chunked.py`` frames chunked requests in the loop and decodes the
 informer's watch streams (``state/apiserver.py``), with one grammar and one set of caps; the
 server adds only its body limits. It lives below both packages because the informer is below
-this one. Once the loop has framed a request, gunicorn's parser reads its body again from the
-same bytes for the thread (``wsgi.input``): that parser is gunicorn's, and handing it a body
-decoded here would mean rewriting the request's head, which is where request smuggling lives.
-Whatever it reads has already passed the stricter framing of the loop.
+this one. A chunked request is parsed again by gunicorn from the same bytes (``wsgi.input``):
+handing its parser a body decoded here would mean rewriting the request's head, which is where
+request smuggling lives. Whatever it reads has already passed the stricter framing of the loop.
 
 Importing this package is cheap (the CLI reads ``limits``): ``create_app``, ``GuardServer`` and
 ``ServeOptions`` are imported on first use.

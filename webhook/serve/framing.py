@@ -1,13 +1,17 @@
 """Where a buffered HTTP/1.1 request ends, read in the event loop before a thread sees it.
 
-Only the framing is read (where the head ends, Content-Length or the chunks): gunicorn parses
-the request itself once it is whole, from the same bytes. A chunked body is framed by the
-decoder the informer's watch streams share (``webhook/formats/chunked.py``), with the server's limits
-on top: the body limit, and twice it for the whole coding.
+The framing is read (where the head ends, Content-Length or the chunks), and a head that is
+plain (``Head``: an origin-form target, fields that are tokens and visible values, a
+Content-Length body) is kept parsed: the thread builds the WSGI environ from it
+(``direct.py``) instead of parsing the request again. Any other head goes to gunicorn's parser,
+which reads it from the same bytes and refuses what it must (400), as before. A chunked body is
+framed by the decoder the informer's watch streams share (``webhook/formats/chunked.py``),
+with the server's limits on top: the body limit, and twice it for the whole coding.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from ..formats.chunked import BARE_LF, ChunkedDecoder, ChunksTooLarge, MalformedChunks
@@ -15,6 +19,27 @@ from .limits import MAX_HEAD
 
 INCOMPLETE, COMPLETE, TOO_LARGE, MALFORMED = "incomplete", "complete", "too large", "malformed"
 _BARE_LF_FOUND = -2  # what ``RequestFraming._find_head`` answers for a line ending in a bare LF
+
+# RFC 9112 section 3 (request-line, origin-form) and section 5 (field-line): a token name, and
+# a value of visible characters, spaces and tabs (obs-text too), trimmed. Anything else is
+# gunicorn's to judge. Its limits (``limit_request_line``, ``_fields``, ``_field_size``)
+# bound what is plain here too.
+_REQUEST_LINE = re.compile(rb"([A-Z]{1,20}) (/[!-~]{0,4000}) HTTP/1\.([01])")
+_FIELD = re.compile(rb"([!#$%&'*+\-.^`|~0-9A-Za-z]{1,256}):[ \t]*((?:[^\x00-\x1f\x7f]|\t)*?)[ \t]*")
+_MAX_FIELDS = 100
+_MAX_FIELD = 8190
+# Fields whose handling is gunicorn's: a chunked body, a protocol upgrade (h2c).
+_NOT_PLAIN = frozenset((b"transfer-encoding", b"upgrade", b"http2-settings"))
+
+
+@dataclass(slots=True)
+class Head:
+    """A plain request head, parsed in the loop: what the WSGI environ is built from."""
+
+    method: str
+    target: str  # origin-form: path and query
+    minor: int  # HTTP/1.minor
+    fields: list[tuple[str, str]]  # as sent: names in their case, repeated names repeated
 
 
 @dataclass(slots=True)
@@ -35,6 +60,7 @@ class RequestFraming:
     searched: int = 0  # how far the search for the head's end got
     end: int = -1  # where the request ends, once known
     expects_continue: bool = False  # HTTP/1.1 with ``Expect: 100-continue``
+    head: Head | None = None  # the head, when plain (module doc)
 
     @property
     def chunked(self) -> bool:
@@ -69,11 +95,17 @@ class RequestFraming:
     def _read_head(self, head: bytes) -> str | None:
         lines = head.split(b"\r\n")
         http11 = lines[0].endswith(b" HTTP/1.1")  # HTTP/1.0 ignores the expectation (RFC 9110)
+        request = _REQUEST_LINE.fullmatch(lines[0]) if len(lines) <= _MAX_FIELDS + 1 else None
+        fields: list[tuple[str, str]] | None = [] if request is not None else None
         for line in lines[1:]:
             name, _, value = line.partition(b":")
             name = name.strip().lower()
+            if fields is not None:
+                fields = _plain_field(line, name, fields, self.length is not None)
             if name == b"expect" and http11:
                 self.expects_continue = value.strip().lower() == b"100-continue"
+                if not self.expects_continue:
+                    fields = None  # an expectation not met is gunicorn's to refuse
             if name == b"content-length":
                 try:
                     self.length = int(value.strip())
@@ -85,6 +117,9 @@ class RequestFraming:
                 self.chunks = ChunkedDecoder(max_body=self.max_body, max_framed=2 * self.max_body)
         if self.length is not None and self.length > self.max_body:
             return TOO_LARGE
+        if fields is not None:
+            method, target, minor = request.groups()
+            self.head = Head(method.decode(), target.decode(), int(minor), fields)
         return None
 
     def _chunks(self, data: bytearray) -> str:
@@ -98,3 +133,16 @@ class RequestFraming:
             return INCOMPLETE
         self.end = self.scan
         return COMPLETE
+
+
+def _plain_field(
+    line: bytes, name: bytes, fields: list[tuple[str, str]], length_seen: bool
+) -> list[tuple[str, str]] | None:
+    """``fields`` with ``line`` added, or None when it makes the head not plain: not a field
+    line of the grammar, a name gunicorn drops (``_``: ``header_map``), a field of
+    ``_NOT_PLAIN``, or a second Content-Length."""
+    match = _FIELD.fullmatch(line) if len(line) <= _MAX_FIELD else None
+    if match is None or b"_" in name or name in _NOT_PLAIN or (name == b"content-length" and length_seen):
+        return None
+    fields.append((match[1].decode("latin-1"), match[2].decode("latin-1")))
+    return fields

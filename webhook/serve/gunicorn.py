@@ -7,11 +7,11 @@ sees them: a keep-alive or slow connection parks in the poller instead of holdin
 The kube-apiserver also holds few, long-lived connections, so where each one lands decides a
 worker's share for hours. From one listening socket shared by the workers, the first worker to
 wake took a whole burst of them (16 connections 16/0 in most runs) while the other idled. So
-each worker listens on a socket of its own with ``SO_REUSEPORT`` (gunicorn's ``reuse_port``:
-bound in the worker after the fork), and the kernel spreads new connections over the workers by
-their addresses. The master keeps the address bound but does not listen (``_hold_addresses``):
-no server can take the port while workers restart, and no connection waits in a queue nobody
-accepts from.
+each worker listens on a socket of its own with ``SO_REUSEPORT``, and the kernel spreads new
+connections over the workers by their addresses. A worker listens once its cluster state is
+ready (``listening.py``): gunicorn binds nothing itself, and the master keeps the address bound
+but does not listen (``_hold_port``): no server can take the port while workers restart, and no
+connection waits in a queue nobody accepts from.
 gunicorn asks the ``ssl_context`` hook for a context on every new connection; the hook
 hands back a cached one (``tls.CertificateFiles``), rebuilt only when the certificate files
 change: a rotated Secret reaches new connections while in-flight ones finish on the old one.
@@ -20,7 +20,6 @@ change: a rotated Secret reaches new connections while in-flight ones finish on 
 from __future__ import annotations
 
 import gc
-import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +30,7 @@ from gunicorn.app.base import BaseApplication
 from ..config import ClientAuth
 from . import limits
 from .app import SOURCE_EXTENSION, flush_decisions
+from .listening import Port
 from .metrics import worker_exited
 from .tls import CertificateFiles
 
@@ -69,26 +69,11 @@ def _worker_exit(worker) -> None:
         source.close()
 
 
-def _hold_addresses(arbiter) -> None:
-    """In the master: bind every TCP address with ``SO_REUSEPORT``, without listening. The port
-    stays the replica's while no worker listens (all restarting), and a socket that does not
-    listen takes no part in the kernel's choice among the workers' listeners."""
-    arbiter.held_addresses = []
-    for address in arbiter.cfg.address:
-        if not isinstance(address, tuple):
-            continue  # a unix socket: nothing is spread over it
-        family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
-        held = socket.socket(family, socket.SOCK_STREAM)
-        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        held.bind(address)
-        arbiter.held_addresses.append(held)
-
-
-def _release_addresses(arbiter) -> None:
-    """In a new worker: its copy of the master's held sockets is of no use to it."""
-    for held in getattr(arbiter, "held_addresses", ()):
-        held.close()
+def _hold_port(arbiter) -> None:
+    """In the master, before any worker: the port held, the workers' lock file made."""
+    server = arbiter.app
+    server.port = Port.hold(server.bind)
+    arbiter.log.info("holding %s: each worker listens once its cluster state is ready", server.bind)
 
 
 class GuardServer(BaseApplication):
@@ -103,6 +88,8 @@ class GuardServer(BaseApplication):
         self.max_body_bytes = options.max_body_bytes
         self.max_buffered_bytes = options.buffered_bytes()
         self.client_auth = options.client_auth
+        self.bind = options.bind
+        self.port: Port | None = None  # the master's (``_hold_port``); GuardWorker listens on it
         super().__init__()
 
     def load_config(self) -> None:
@@ -110,7 +97,8 @@ class GuardServer(BaseApplication):
         client_ca = Path(opts.client_auth.ca) if opts.client_auth is not None else None
         certificates = CertificateFiles(opts.cert_dir, client_ca)
         settings = {
-            "bind": [opts.bind],
+            # Nothing for gunicorn to bind: each worker listens itself (``listening.py``).
+            "bind": [],
             "workers": opts.workers,
             "worker_class": "webhook.serve.worker.GuardWorker",
             "threads": opts.threads,
@@ -125,9 +113,9 @@ class GuardServer(BaseApplication):
             # and never garbage: frozen, no worker's full collection scans it (a pause per
             # collection, and pages copied that could have stayed shared).
             "pre_fork": lambda server, worker: gc.freeze(),
-            "reuse_port": True,
-            "on_starting": _hold_addresses,
-            "post_fork": lambda server, worker: _release_addresses(server),
+            "reuse_port": True,  # the workers' listeners (gunicorn's TCPSocket) join one group
+            "on_starting": _hold_port,
+            "post_fork": lambda server, worker: server.app.port.release(),
             "child_exit": lambda server, worker: worker_exited(worker.pid),
             "worker_exit": lambda server, worker: _worker_exit(worker),
             "loglevel": opts.log_level,

@@ -42,18 +42,25 @@ class Reply:
     def send_now(self) -> None:
         timeout = self._sock.gettimeout()
         self._sock.setblocking(False)
-        self.rest = memoryview(self._out)
         try:
-            while self.rest:
-                # TLS: after a would-block the same bytes are offered again, as OpenSSL requires.
-                self.rest = self.rest[self._sock.send(self.rest) :]
-        except WOULD_BLOCK:
-            pass
+            self.rest = send_without_waiting(self._sock, self._out)
         finally:
             self._sock.settimeout(timeout)
 
     def __getattr__(self, name: str):
         return getattr(self._sock, name)
+
+
+def send_without_waiting(sock, data: bytes | bytearray) -> memoryview:
+    """Send what a non-blocking ``sock`` takes now; the rest is the loop's to send."""
+    rest = memoryview(data)
+    try:
+        while rest:
+            # TLS: after a would-block the same bytes are offered again, as OpenSSL requires.
+            rest = rest[sock.send(rest) :]
+    except WOULD_BLOCK:
+        pass
+    return rest
 
 
 def with_client_identity(app):

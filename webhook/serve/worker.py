@@ -25,10 +25,12 @@ does not fit, by its declared size, its next read or once whole, is answered 503
 ``Retry-After``. No error of one connection (a reset before TLS, a failed handshake, an
 ``accept`` out of descriptors) ends the worker.
 
-Each worker accepts from a listening socket of its own (``SO_REUSEPORT``, bound after the fork:
-``gunicorn.py``), so the kernel, not a race between the workers' loops, decides where a new
-connection goes. A stopping worker closes its listener at once (``_stop_listening``), so that
-new connections go to its siblings while it finishes its own.
+Each worker accepts from a listening socket of its own (``SO_REUSEPORT``: ``gunicorn.py``), so
+the kernel, not a race between the workers' loops, decides where a new connection goes. It
+listens only once its cluster state is ready, or when no sibling listens (``listening.py``,
+``_join_when_ready``), so a restarted worker takes no review it cannot judge while a sibling
+can. A stopping worker closes its listener at once (``_stop_listening``), so that new
+connections go to its siblings while it finishes its own.
 """
 
 from __future__ import annotations
@@ -48,10 +50,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 
-from gunicorn import http, sock
+from gunicorn import http, sock, util
 from gunicorn.workers.gthread import TConn, ThreadWorker
 
-from .framing import COMPLETE, INCOMPLETE, TOO_LARGE, RequestFraming
+from .app import SOURCE_EXTENSION
+from .direct import Exchange
+from .framing import COMPLETE, INCOMPLETE, TOO_LARGE, Head, RequestFraming
 from .limits import (
     DEFAULT_BUFFERED_BYTES,
     DRAIN_LIMIT,
@@ -64,8 +68,10 @@ from .limits import (
     REQUEST_TIMEOUT,
     parsed_cost,
 )
+from .listening import Membership
 from .metrics import BUFFER_BUDGET, count_refused
-from .reply import WOULD_BLOCK, Reply, with_client_identity
+from .reply import WOULD_BLOCK, Reply, send_without_waiting, with_client_identity
+from .wsgi import CLIENT_VERIFIED, error_body
 
 _READ_SIZE = 256 * 1024
 # Reads for one connection before the loop turns to the others (it comes back: the socket is
@@ -84,6 +90,9 @@ _ACCEPTS_PER_TURN = 16
 # opened together expire together, and closing them all at once stalled every other client.
 _EXPIRIES_PER_TURN = 128
 _REFUSAL_LOG_SECONDS = 10.0
+# How often a worker not yet listening asks whether it may (its state ready, or no sibling
+# listening): the longest a ready worker stays out of the port.
+_JOIN_POLL_SECONDS = 0.05
 
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _REASONS = {
@@ -129,6 +138,8 @@ class GuardWorker(ThreadWorker):
 
     def init_process(self) -> None:
         self._init_loop()
+        port = getattr(self.app, "port", None)
+        self.membership = Membership(port.lock) if port is not None else None
         self._warn_of_a_small_budget()
         self._fit_descriptor_limit()
         super().init_process()
@@ -150,6 +161,8 @@ class GuardWorker(ThreadWorker):
         self.max_body = int(getattr(app, "max_body_bytes", MAX_BODY_BYTES))
         self.max_buffered = int(getattr(app, "max_buffered_bytes", DEFAULT_BUFFERED_BYTES))
         self.client_auth = getattr(app, "client_auth", None)
+        self.membership: Membership | None = None  # None: gunicorn's listeners, from the fork
+        self.readiness: Callable[[], bool] = lambda: True
 
     def _warn_of_a_small_budget(self) -> None:
         """A budget below one largest request once parsed refuses every such request: say so."""
@@ -165,7 +178,11 @@ class GuardWorker(ThreadWorker):
 
     def load_wsgi(self) -> None:
         super().load_wsgi()
-        self.wsgi = with_client_identity(self.wsgi)
+        source = getattr(self.wsgi, "extensions", {}).get(SOURCE_EXTENSION)
+        if source is not None:
+            self.readiness = lambda: source.readiness().ready
+        self.exchange = Exchange(self.wsgi, secure=self.cfg.is_ssl, multiprocess=self.cfg.workers > 1)
+        self.wsgi = with_client_identity(self.wsgi)  # for the requests gunicorn parses
         gc.freeze()  # the app, once built, is never garbage: full collections need not scan it
 
     def _fit_descriptor_limit(self) -> None:
@@ -193,6 +210,9 @@ class GuardWorker(ThreadWorker):
         and the loop goes on: an exception escaping here ends the worker and every connection
         it holds. The wait ends at the nearest deadline (zero when one passed already): gunicorn
         waits a whole second, so a 0.5 s first-byte timeout closed connections after 1.0 s."""
+        if self.membership is not None and not self.membership.joined and self.alive:
+            self._join_when_ready()
+            timeout = min(timeout, _JOIN_POLL_SECONDS)
         if self.deadlines:
             timeout = min(timeout, max(0.0, self.deadlines[0][0] - time.monotonic()))
         try:
@@ -222,6 +242,26 @@ class GuardWorker(ThreadWorker):
             self.nr_conns -= 1
             target.close()
 
+    def _join_when_ready(self) -> None:
+        """Listen on the port once the state is ready, or no sibling listens (``listening.py``):
+        a worker gunicorn restarts takes no connection before it can judge a pinned pod."""
+        if not self.membership.may_join(self._ready):
+            return
+        listeners = [sock.TCPSocket(address, self.cfg, self.log) for address in self.app.port.addresses]
+        for listener in listeners:
+            util.close_on_exec(listener)
+        accepting = self._accepting
+        super().set_accept_enabled(False)
+        self.sockets = listeners
+        self.set_accept_enabled(accepting)
+
+    def _ready(self) -> bool:
+        try:
+            return self.readiness()
+        except Exception:  # a source that cannot say is not ready
+            self.log.exception("reading the state's readiness failed")
+            return False
+
     def set_accept_enabled(self, enabled: bool) -> None:
         """Accepting stays off for a moment after the process ran out of descriptors; once the
         worker is stopping, its listeners close (``_stop_listening``)."""
@@ -247,6 +287,8 @@ class GuardWorker(ThreadWorker):
                 while self.accept(listener) == _ACCEPTS_PER_TURN:
                     pass
             listener.close()
+        if self.membership is not None:
+            self.membership.leave()
 
     def accept(self, listener) -> int:
         """Take new connections (a few per turn: under a flood of them, one per turn of the loop
@@ -360,6 +402,45 @@ class GuardWorker(ThreadWorker):
                 self.log.exception("closing a connection after an error at its deadline")
                 if self.pending_requests.get(pending.conn) is pending:
                     self._drop(pending)
+
+    def handle(self, conn: TConn):
+        """In a pool thread: a request whose head the loop parsed is answered from it
+        (``direct.py``); any other goes through gunicorn's parser."""
+        request = getattr(conn, "request", None)
+        if request is None:
+            return super().handle(conn)
+        conn.request = None
+        try:
+            return self._answer_directly(conn, *request)
+        except OSError:  # the client went away
+            return False
+
+    def _answer_directly(self, conn: TConn, head: Head, body: bytes) -> bool:
+        """The reply in one send, what the client does not take left to the loop (as ``Reply``
+        does for gunicorn's); whether the connection stays open."""
+        environ = self.exchange.environ(head, body, conn.client, conn.server)
+        environ[CLIENT_VERIFIED] = getattr(conn, "client_verified", False)
+        try:
+            reply, keep_alive = self.exchange.answer(environ, head, self._may_keep_alive())
+        except Exception:  # the app's bug: still an answer, and the connection closes
+            self.log.exception("Error handling request %s", head.target)
+            body = error_body(500, "internal error")
+            reply = (
+                b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body)
+            )
+            keep_alive = False
+        conn.unsent = send_without_waiting(conn.sock, reply)
+        return keep_alive
+
+    def _may_keep_alive(self) -> bool:
+        """gunicorn's rule (``ThreadWorker.handle_request``), counting the request toward
+        ``max_requests``: not while stopping, nor past the keep-alive connection limit."""
+        self.nr += 1
+        if self.nr >= self.max_requests and self.alive:
+            self.log.info("Autorestarting worker after current request.")
+            self.alive = False
+        return self.alive and bool(self.cfg.keepalive) and len(self.keepalived_conns) < self.max_keepalived
 
     def handle_request(self, req, conn: TConn):
         """Answer into a ``Reply``; what the client does not take at once is left to the loop."""
@@ -639,7 +720,12 @@ class GuardWorker(ThreadWorker):
         if conn.parser is None:
             conn.parser = http.get_parser(self.cfg, conn.sock, conn.client)
             conn.initialized = True
-        conn.parser.unreader.unread(data)  # copied into the unreader's buffer; ``data`` goes
+        framing = pending.framing
+        if framing.head is not None:  # answered from the loop's parse (``handle``)
+            conn.request = (framing.head, bytes(data[framing.head_end : framing.end]))
+            data = data[framing.end :]  # pipelined: the next request's first bytes
+        if data:
+            conn.parser.unreader.unread(data)  # copied into the unreader's buffer; ``data`` goes
         conn.held, pending.held = pending.held, 0
         conn.data_ready = True
         super().enqueue_req(conn)
