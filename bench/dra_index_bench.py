@@ -142,8 +142,8 @@ def build(slice_json: list[bytes], claim_json: list[bytes]) -> tuple[DeviceIndex
 
 def cold() -> None:
     """Forget the devices and node selectors parsed so far: each build starts as a new process."""
-    dra._devices.clear()
-    dra._selectors.clear()
+    dra.slices._devices.clear()
+    dra.node_selection._selectors.clear()
     gc.collect()
 
 
