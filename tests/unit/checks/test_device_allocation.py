@@ -22,7 +22,6 @@ from webhook.kube.dra import (
     NANO,
     Capacity,
     RequestPolicy,
-    Taint,
     ValidRange,
     allocation_written,
     format_nano,
@@ -30,6 +29,7 @@ from webhook.kube.dra import (
     resource_slice_from,
 )
 from webhook.kube.errors import FieldError
+from webhook.kube.tolerations import Taint
 from webhook.state.devices import DeviceIndex, index_of
 
 GI = 1024**3 * NANO
