@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.cluster import deploy
+from tests.helpers.cluster.routes import shipped_routes, without
 from tests.helpers.cluster.scenarios import run
 from tests.helpers.cluster.webhooks import Attributes, _rule_matches
 
@@ -144,14 +145,44 @@ def test_guard_outage_leaks_under_failure_policy_ignore_then_recovers(rendered):
     assert any('failed calling webhook "pinned-templates.admit-guard.io"' in m for m in guarded.refused)
 
 
-@needs_kubectl
-def test_a_binding_rule_dropped_from_the_rendered_configuration_lets_the_incident_back_in(rendered):
-    broken = copy.deepcopy(rendered)
-    for config in broken.webhook_configurations():
-        for hook in config["webhooks"]:
-            for rule in hook["rules"]:
-                rule["resources"] = [r for r in rule["resources"] if r != "pods/binding"]
-    # A longer cache lag: every pod of the burst is created before either scheduler binds.
-    outcome = run("two-schedulers", "guard", rendered=broken, lag_ms=2000)
+def _storm_back(outcome) -> None:
+    assert len(outcome.failed()) >= 20
+
+
+def _pinned_deployment_admitted(outcome) -> None:
+    assert not any("PinnedNodeName" in message for message in outcome.refused)
+
+
+def _devices_twice(outcome) -> None:
+    assert outcome.devices_twice() >= 1
+
+
+def _unexpected_admission_errors(outcome) -> None:
     assert outcome.unexpected_admission_errors() >= 1
-    assert not any(c.webhook == "bindings.admit-guard.io" for c in outcome.calls)
+
+
+# (scenario, the route taken out, what comes back); each is one resource of one shipped rule,
+# the one the scenario's guarded assertion above stands on. Every other route is proven by
+# test_cluster_box_routes.py through the running guard.
+DROPPED = [
+    ("nodename-storm", "pods.admit-guard.io", "pods", _storm_back),
+    ("nodename-storm", "pinned-templates.admit-guard.io", "deployments", _pinned_deployment_admitted),
+    ("two-schedulers", "bindings.admit-guard.io", "pods/binding", _unexpected_admission_errors),
+    ("dra-allocators", "resourceclaims.admit-guard.io", "resourceclaims/status", _devices_twice),
+]
+
+
+@needs_kubectl
+@pytest.mark.parametrize(
+    ("scenario", "webhook", "resource", "back"), DROPPED, ids=[f"{d[0]}-without-{d[2]}" for d in DROPPED]
+)
+def test_a_rule_dropped_from_the_rendered_configuration_lets_the_incident_back_in(
+    rendered, scenario, webhook, resource, back
+):
+    [route] = [r for r in shipped_routes() if r.webhook == webhook and r.resource == resource]
+    broken = copy.deepcopy(rendered)
+    configurations = without(broken.webhook_configurations(), route)
+    broken.docs = [d for d in broken.docs if d not in broken.webhook_configurations()] + configurations
+    # A longer cache lag: every pod of a burst is created before either scheduler binds.
+    outcome = run(scenario, "guard", rendered=broken, lag_ms=2000)
+    back(outcome)
