@@ -63,6 +63,8 @@ class Cluster:
     guard: Guard
 
     def through(self, configurations: list[dict[str, Any]]) -> ApiDouble:
+        if self.api.dispatcher is not None:
+            self.api.dispatcher.close()
         self.api.dispatcher = Dispatcher(configurations, self.guard.endpoints, self.api.namespace_labels)
         return self.api
 
@@ -120,7 +122,10 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
                       replicas=1)  # fmt: skip
         guard.start()
         stack.callback(guard.stop)
-        yield Cluster(api, rendered.webhook_configurations(), guard)
+        cluster = Cluster(api, rendered.webhook_configurations(), guard)
+        yield cluster
+        if api.dispatcher is not None:
+            api.dispatcher.close()
 
 
 # -- one request per route ----------------------------------------------------------------------
@@ -230,3 +235,25 @@ def test_the_kinds_put_their_templates_where_their_api_types_keep_them():
     runtime = holding("trainer.kubeflow.org", "clustertrainingruntimes", "r", "default", {"spec": {}})
     assert "namespace" not in runtime["metadata"]
     assert template_in(runtime, "trainer.kubeflow.org", "clustertrainingruntimes") == {"spec": {}}
+
+
+# -- how the double calls the webhooks ----------------------------------------------------------
+
+
+@needs_kubectl
+def test_the_double_keeps_its_webhook_connections_alive_as_the_api_server_does(cluster):
+    api = cluster.through(validating_only(cluster.configurations))
+    for i in range(5):
+        api.create("pods", pod(f"kept-alive-{i}", pod_spec({"cpu": "1"}), wanted=False), USER)
+    assert len([c for c in api.dispatcher.calls if c.webhook == "pods.admit-guard.io"]) == 5
+    assert api.dispatcher.connects == 1  # one connection, this thread's, for the pods webhook
+
+
+@needs_kubectl
+def test_a_request_past_the_api_servers_timeout_is_answered_504_whatever_the_failure_policy(cluster):
+    api = cluster.through(validating_only(cluster.configurations))
+    api.dispatcher.request_timeout = 1e-9  # passed before the first call
+    with pytest.raises(Denied) as timed_out:
+        api.create("pods", pod("too-late", pod_spec({"cpu": "1"}), wanted=False), USER)
+    assert (timed_out.value.code, timed_out.value.reason) == (504, "Timeout")
+    assert api.get("pods", "default", "too-late") is None

@@ -204,6 +204,8 @@ class Box:
             for loop in self.loops:
                 loop.stop()
         finally:
+            if self.api.dispatcher is not None:
+                self.api.dispatcher.close()
             if self.guard is not None:
                 self.guard.stop()
             self.server.close()
