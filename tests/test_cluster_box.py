@@ -102,7 +102,12 @@ def test_nodename_storm(rendered):
     none, guarded = _both("nodename-storm", rendered)
     assert len(none.failed()) >= 20
     assert {p["status"]["reason"] for p in none.failed()} == {"OutOfcpu"}
+    [burnt] = none.jobs  # the Job's pods each failed, up to its backoffLimit, then the Job
+    assert [c["reason"] for c in burnt["status"]["conditions"]] == ["BackoffLimitExceeded"]
+    assert burnt["status"]["failed"] == burnt["spec"]["backoffLimit"] + 1
     _calm(guarded)
+    assert guarded.jobs == []  # refused at CREATE, no pod made
+    assert sum("PinnedNodeName" in message for message in guarded.refused) == 2
     assert guarded.counts["creates_denied"] >= 1  # the legacy ReplicaSet's pods meet the pod webhook
     assert any("PinnedNodeName" in message for message in guarded.refused)  # the new Deployment
     [replica_set] = guarded.replica_sets
@@ -150,7 +155,7 @@ def _storm_back(outcome) -> None:
 
 
 def _pinned_deployment_admitted(outcome) -> None:
-    assert not any("PinnedNodeName" in message for message in outcome.refused)
+    assert sum("PinnedNodeName" in message for message in outcome.refused) == 1  # the Job's alone
 
 
 def _devices_twice(outcome) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 from tests.fake_apiserver import FakeApiServer
 
 from .apiserver import ApiDouble, fresh_cluster
-from .controllers import DeploymentController, ReplicaSetController
+from .controllers import DeploymentController, JobController, ReplicaSetController
 from .deploy import Rendered
 from .dra import DraDriver
 from .guard import Guard
@@ -32,6 +32,9 @@ from .webhooks import Denied, Dispatcher
 WANTED = "box.admit-guard.io/wanted"  # the label of the pods a scenario wants running
 USER = {"username": "jane", "groups": ["system:authenticated"]}
 POD_LIMIT = 3000  # the most pods a box ever creates: a storm is bounded in count as in time
+# The Job controller's pod-failure backoff (10 s doubling to 6 min upstream), compressed so a
+# Job burns its backoffLimit within a small scenario's seconds.
+JOB_BACKOFF = (0.02, 0.2)
 
 
 @dataclass
@@ -72,6 +75,7 @@ class Outcome:
     calls: list[Any]
     phases: dict[str, Counter] = field(default_factory=dict)  # per scenario phase: rejections
     warnings: list[str] = field(default_factory=list)  # admission warnings the API server returned
+    jobs: list[dict[str, Any]] = field(default_factory=list)
 
     def failed(self) -> list[dict[str, Any]]:
         return [p for p in self.pods if (p.get("status") or {}).get("phase") == "Failed"]
@@ -191,6 +195,7 @@ class Box:
         self.loops = [
             Loop("deployment-controller", DeploymentController(self.api).step),
             Loop("replicaset-controller", self.replica_sets.step),
+            Loop("job-controller", JobController(self.api, JOB_BACKOFF).step),
             *(Loop(f"scheduler-{s.name}", s.step) for s in self.schedulers),
             *(Loop(f"kubelet-{k.name}", k.step) for k in self.kubelets),
         ]
@@ -231,7 +236,7 @@ class Box:
         seconds, until no wanted pod is in flight: each one runs, has failed, or says why it
         waits (the scheduler's condition, or the kubelet's event). A bind or a kubelet still
         busy at the script's end is not a pending pod without a reason."""
-        for loop in self.loops[:2]:  # the Deployment and ReplicaSet controllers
+        for loop in self.loops[:3]:  # the Deployment, ReplicaSet and Job controllers
             loop.stop()
         deadline = time.monotonic() + limit
         while time.monotonic() < deadline:
@@ -268,7 +273,7 @@ class Box:
             scenario, arm, seconds, self.setting.wanted, api.list("pods"), api.list("resourceclaims"),
             api.list("replicasets"), list(self.refused), list(api.events), counts, running_at,
             [c.seconds * 1000 for c in calls if c.outcome in ("allowed", "denied")], writes, calls, phases,
-            list(api.warnings),
+            list(api.warnings), api.list("jobs"),
         )  # fmt: skip
 
 
