@@ -16,8 +16,10 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.cluster import deploy
+from tests.helpers.cluster.box import Box, Setting
+from tests.helpers.cluster.controllers import VOLCANO_JOBS
 from tests.helpers.cluster.routes import shipped_routes, without
-from tests.helpers.cluster.scenarios import run
+from tests.helpers.cluster.scenarios import GPU, node, pod_spec, run
 from tests.helpers.cluster.webhooks import Attributes, _rule_matches
 
 BOX = Path(__file__).resolve().parent / "helpers" / "cluster"
@@ -191,3 +193,27 @@ def test_a_rule_dropped_from_the_rendered_configuration_lets_the_incident_back_i
     # A longer cache lag: every pod of a burst is created before either scheduler binds.
     outcome = run(scenario, "guard", rendered=broken, lag_ms=2000)
     back(outcome)
+
+
+def test_the_batch_scheduler_binds_a_gang_all_or_nothing(tmp_path):
+    """Without the guard (no webhooks, no kubectl): a gang of three on two free GPUs gets no
+    node at all and says why; a gang of two on two free GPUs is bound whole."""
+    nodes = [
+        node(f"gpu-{pool}{i}", cpu="16", labels={"pool": pool}, **{GPU: "1"}) for pool in "ab" for i in (1, 2)
+    ]
+    devices = {n["metadata"]["name"]: {GPU: ["gpu-0"]} for n in nodes}
+    setting = Setting(nodes, devices, schedulers=("volcano",), scheduler_lag=0.05)
+    box = Box(setting, tmp_path, seed=1, rendered=None)
+    with box:
+        for pool, replicas in (("a", 3), ("b", 2)):
+            template = {"spec": pod_spec({GPU: "1"}, "volcano", nodeSelector={"pool": pool})}
+            task = {"name": "worker", "replicas": replicas, "template": template}
+            gang = {"metadata": {"name": f"gang-{pool}", "namespace": "default"}, "spec": {"tasks": [task]}}
+            box.create(VOLCANO_JOBS, gang)
+        box.until(1.5)
+    pods = {p["metadata"]["name"]: p for p in box.api.list("pods")}
+    assert sorted(pods) == [*(f"gang-a-worker-{i}" for i in range(3)), "gang-b-worker-0", "gang-b-worker-1"]
+    assert not any(pods[f"gang-a-worker-{i}"]["spec"].get("nodeName") for i in range(3))
+    [condition] = pods["gang-a-worker-0"]["status"]["conditions"]
+    assert condition["message"] == "pod group is not ready, 1/3 tasks in gang unschedulable"
+    assert {pods[f"gang-b-worker-{i}"]["spec"]["nodeName"] for i in range(2)} == {"gpu-b1", "gpu-b2"}

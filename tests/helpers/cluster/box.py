@@ -19,8 +19,15 @@ from typing import Any
 
 from tests.fake_apiserver import FakeApiServer
 
-from .apiserver import ApiDouble, fresh_cluster
-from .controllers import DeploymentController, JobController, ReplicaSetController
+from .apiserver import ApiDouble, Resource, fresh_cluster
+from .controllers import (
+    POD_GROUPS,
+    VOLCANO_JOBS,
+    DeploymentController,
+    GangController,
+    JobController,
+    ReplicaSetController,
+)
 from .deploy import Rendered
 from .dra import DraDriver
 from .guard import Guard
@@ -152,6 +159,8 @@ class Box:
         self.api = ApiDouble(self.cluster)
         for namespace in ("default", "ml", "kube-system", "admit-guard"):
             self.api.add_namespace(namespace)
+        self.api.install(VOLCANO_JOBS, Resource("batch.volcano.sh", "v1alpha1", "Job"))
+        self.api.install(POD_GROUPS, Resource("scheduling.volcano.sh", "v1beta1", "PodGroup"))
         self.api.load("nodes", setting.nodes)
         self.api.load("pods", setting.pods)
         self.api.load("resourceslices", setting.slices)
@@ -196,6 +205,7 @@ class Box:
             Loop("deployment-controller", DeploymentController(self.api).step),
             Loop("replicaset-controller", self.replica_sets.step),
             Loop("job-controller", JobController(self.api, JOB_BACKOFF).step),
+            Loop("volcano-job-controller", GangController(self.api).step),
             *(Loop(f"scheduler-{s.name}", s.step) for s in self.schedulers),
             *(Loop(f"kubelet-{k.name}", k.step) for k in self.kubelets),
         ]
@@ -236,7 +246,7 @@ class Box:
         seconds, until no wanted pod is in flight: each one runs, has failed, or says why it
         waits (the scheduler's condition, or the kubelet's event). A bind or a kubelet still
         busy at the script's end is not a pending pod without a reason."""
-        for loop in self.loops[:3]:  # the Deployment, ReplicaSet and Job controllers
+        for loop in self.loops[:4]:  # the controllers: no new pods from here on
             loop.stop()
         deadline = time.monotonic() + limit
         while time.monotonic() < deadline:

@@ -246,3 +246,46 @@ class JobController:
         job["status"] = status
         with contextlib.suppress(Denied):  # a conflict: the next sync writes it again
             self.api.update("jobs", job, self.user, subresource="status")
+
+
+GROUP_NAME = "scheduling.k8s.io/group-name"  # the annotation Volcano's scheduler groups pods by
+VOLCANO_JOBS, POD_GROUPS = "jobs.batch.volcano.sh", "podgroups.scheduling.volcano.sh"
+
+
+class GangController:
+    """Volcano's job controller (``pkg/controllers/job/job_controller_actions.go`` ``syncJob``):
+    for a ``batch.volcano.sh`` Job, a PodGroup whose ``minMember`` is the Job's ``minAvailable``
+    (every replica when unset), then every pod of every task at once, each annotated with the
+    group's name and scheduled by ``volcano``; the batch scheduler binds the gang all or nothing."""
+
+    def __init__(self, api: ApiDouble) -> None:
+        self.api, self.user = api, controller_user("volcano-controllers")
+        self.done: set[str] = set()
+
+    def step(self) -> None:
+        for job in self.api.list(VOLCANO_JOBS):
+            uid = job["metadata"]["uid"]
+            if uid in self.done:
+                continue
+            self.done.add(uid)
+            name, namespace, spec = job["metadata"]["name"], job["metadata"]["namespace"], job["spec"]
+            members = sum(task.get("replicas", 1) for task in spec["tasks"])
+            group = {"metadata": {"name": name, "namespace": namespace, "ownerReferences": [owner_ref(job)]},
+                     "spec": {"minMember": spec.get("minAvailable", members)}}  # fmt: skip
+            self.api.create(POD_GROUPS, group, self.user)
+            for task in spec["tasks"]:
+                for index in range(task.get("replicas", 1)):
+                    template = copy.deepcopy(task["template"])
+                    metadata = template.get("metadata") or {}
+                    pod = {
+                        "metadata": {
+                            "name": f"{name}-{task['name']}-{index}",
+                            "namespace": namespace,
+                            "labels": metadata.get("labels") or {},
+                            "annotations": {**(metadata.get("annotations") or {}), GROUP_NAME: name},
+                            "ownerReferences": [owner_ref(job)],
+                        },
+                        "spec": {**template["spec"], "schedulerName": spec.get("schedulerName", "volcano")},
+                    }
+                    with contextlib.suppress(Denied):  # refused: the Job's status would say so
+                        self.api.create("pods", pod, self.user)
