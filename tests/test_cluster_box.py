@@ -33,11 +33,11 @@ needs_kubectl = pytest.mark.skipif(deploy.kubectl() is None, reason="kubectl ren
 def _imports(path: Path) -> set[str]:
     tree = ast.parse(path.read_text(), str(path))
     found = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            found.add(node.module)
+    for item in ast.walk(tree):
+        if isinstance(item, ast.Import):
+            found.update(alias.name for alias in item.names)
+        elif isinstance(item, ast.ImportFrom) and item.level == 0 and item.module:
+            found.add(item.module)
     return found
 
 
