@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import ast
 import copy
+import re
 from pathlib import Path
 
 import pytest
 
 from tests.helpers.cluster import deploy
-from tests.helpers.cluster.scenarios import run
+from tests.helpers.cluster.box import Box, Setting
+from tests.helpers.cluster.controllers import VOLCANO_JOBS
+from tests.helpers.cluster.routes import shipped_routes, without
+from tests.helpers.cluster.scenarios import GPU, node, pod_spec, run
 from tests.helpers.cluster.webhooks import Attributes, _rule_matches
 from tests.helpers.paths import TESTS
 
@@ -36,11 +40,11 @@ needs_kubectl = pytest.mark.skipif(deploy.kubectl() is None, reason="kubectl ren
 def _imports(path: Path) -> set[str]:
     tree = ast.parse(path.read_text(), str(path))
     found = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            found.add(node.module)
+    for item in ast.walk(tree):
+        if isinstance(item, ast.Import):
+            found.update(alias.name for alias in item.names)
+        elif isinstance(item, ast.ImportFrom) and item.level == 0 and item.module:
+            found.add(item.module)
     return found
 
 
@@ -107,7 +111,12 @@ def test_nodename_storm(rendered):
     none, guarded = _both("nodename-storm", rendered)
     assert len(none.failed()) >= 20
     assert {p["status"]["reason"] for p in none.failed()} == {"OutOfcpu"}
+    [burnt] = none.jobs  # the Job's pods each failed, up to its backoffLimit, then the Job
+    assert [c["reason"] for c in burnt["status"]["conditions"]] == ["BackoffLimitExceeded"]
+    assert burnt["status"]["failed"] == burnt["spec"]["backoffLimit"] + 1
     _calm(guarded)
+    assert guarded.jobs == []  # refused at CREATE, no pod made
+    assert sum("PinnedNodeName" in message for message in guarded.refused) == 2
     assert guarded.counts["creates_denied"] >= 1  # the legacy ReplicaSet's pods meet the pod webhook
     assert any("PinnedNodeName" in message for message in guarded.refused)  # the new Deployment
     [replica_set] = guarded.replica_sets
@@ -150,14 +159,69 @@ def test_guard_outage_leaks_under_failure_policy_ignore_then_recovers(rendered):
     assert any('failed calling webhook "pinned-templates.admit-guard.io"' in m for m in guarded.refused)
 
 
-@needs_kubectl
-def test_a_binding_rule_dropped_from_the_rendered_configuration_lets_the_incident_back_in(rendered):
-    broken = copy.deepcopy(rendered)
-    for config in broken.webhook_configurations():
-        for hook in config["webhooks"]:
-            for rule in hook["rules"]:
-                rule["resources"] = [r for r in rule["resources"] if r != "pods/binding"]
-    # A longer cache lag: every pod of the burst is created before either scheduler binds.
-    outcome = run("two-schedulers", "guard", rendered=broken, lag_ms=2000)
+def _storm_back(outcome) -> None:
+    assert len(outcome.failed()) >= 20
+
+
+def _pinned_deployment_admitted(outcome) -> None:
+    assert sum("PinnedNodeName" in message for message in outcome.refused) == 1  # the Job's alone
+
+
+def _devices_twice(outcome) -> None:
+    assert outcome.devices_twice() >= 1
+
+
+def _unexpected_admission_errors(outcome) -> None:
     assert outcome.unexpected_admission_errors() >= 1
-    assert not any(c.webhook == "bindings.admit-guard.io" for c in outcome.calls)
+
+
+# (scenario, the route taken out, what comes back); each is one resource of one shipped rule,
+# the one the scenario's guarded assertion above stands on. Every other route is proven by
+# test_cluster_box_routes.py through the running guard.
+DROPPED = [
+    ("nodename-storm", "pods.admit-guard.io", "pods", _storm_back),
+    ("nodename-storm", "pinned-templates.admit-guard.io", "deployments", _pinned_deployment_admitted),
+    ("two-schedulers", "bindings.admit-guard.io", "pods/binding", _unexpected_admission_errors),
+    ("dra-allocators", "resourceclaims.admit-guard.io", "resourceclaims/status", _devices_twice),
+]
+
+
+@needs_kubectl
+@pytest.mark.parametrize(
+    ("scenario", "webhook", "resource", "back"), DROPPED, ids=[f"{d[0]}-without-{d[2]}" for d in DROPPED]
+)
+def test_a_rule_dropped_from_the_rendered_configuration_lets_the_incident_back_in(
+    rendered, scenario, webhook, resource, back
+):
+    [route] = [r for r in shipped_routes() if r.webhook == webhook and r.resource == resource]
+    broken = copy.deepcopy(rendered)
+    configurations = without(broken.webhook_configurations(), route)
+    broken.docs = [d for d in broken.docs if d not in broken.webhook_configurations()] + configurations
+    # A longer cache lag: every pod of a burst is created before either scheduler binds.
+    outcome = run(scenario, "guard", rendered=broken, lag_ms=2000)
+    back(outcome)
+
+
+def test_the_batch_scheduler_binds_a_gang_all_or_nothing(tmp_path):
+    """Without the guard (no webhooks, no kubectl): a gang of three on two free GPUs gets no
+    node at all and says why; a gang of two on two free GPUs is bound whole."""
+    nodes = [
+        node(f"gpu-{pool}{i}", cpu="16", labels={"pool": pool}, **{GPU: "1"}) for pool in "ab" for i in (1, 2)
+    ]
+    devices = {n["metadata"]["name"]: {GPU: ["gpu-0"]} for n in nodes}
+    setting = Setting(nodes, devices, schedulers=("volcano",), scheduler_lag=0.05)
+    box = Box(setting, tmp_path, seed=1, rendered=None)
+    with box:
+        for pool, replicas in (("a", 3), ("b", 2)):
+            template = {"spec": pod_spec({GPU: "1"}, "volcano", nodeSelector={"pool": pool})}
+            task = {"name": "worker", "replicas": replicas, "template": template}
+            gang = {"metadata": {"name": f"gang-{pool}", "namespace": "default"}, "spec": {"tasks": [task]}}
+            box.create(VOLCANO_JOBS, gang)
+        box.until(1.5)
+    pods = {p["metadata"]["name"]: p for p in box.api.list("pods")}
+    assert sorted(pods) == [*(f"gang-a-worker-{i}" for i in range(3)), "gang-b-worker-0", "gang-b-worker-1"]
+    assert not any(pods[f"gang-a-worker-{i}"]["spec"].get("nodeName") for i in range(3))
+    [condition] = pods["gang-a-worker-0"]["status"]["conditions"]
+    # 1/3 once the scheduler's cache holds all three; under load it may first judge fewer.
+    assert re.fullmatch(r"pod group is not ready, \d/[23] tasks in gang unschedulable", condition["message"])
+    assert {pods[f"gang-b-worker-{i}"]["spec"]["nodeName"] for i in range(2)} == {"gpu-b1", "gpu-b2"}

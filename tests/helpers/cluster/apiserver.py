@@ -49,12 +49,19 @@ RESOURCES = {
     "nodes": Resource("", "v1", "Node", namespaced=False),
     "deployments": Resource("apps", "v1", "Deployment"),
     "replicasets": Resource("apps", "v1", "ReplicaSet"),
+    "statefulsets": Resource("apps", "v1", "StatefulSet"),
+    "daemonsets": Resource("apps", "v1", "DaemonSet"),
+    "jobs": Resource("batch", "v1", "Job"),
+    "cronjobs": Resource("batch", "v1", "CronJob"),
+    "replicationcontrollers": Resource("", "v1", "ReplicationController"),
+    "podtemplates": Resource("", "v1", "PodTemplate"),
     "resourceclaims": Resource("resource.k8s.io", "v1", "ResourceClaim"),
     "resourceslices": Resource("resource.k8s.io", "v1", "ResourceSlice", namespaced=False),
     "deviceclasses": Resource("resource.k8s.io", "v1", "DeviceClass", namespaced=False),
 }
 # What the fake server does not list for the informer, kept in the same store.
-EXTRA = ("deployments", "replicasets")
+EXTRA = ("deployments", "replicasets", "statefulsets", "daemonsets", "jobs", "cronjobs",
+         "replicationcontrollers", "podtemplates")  # fmt: skip
 STALE = "the object has been modified; please apply your changes to the latest version"
 NAME_LABEL = "kubernetes.io/metadata.name"  # set on every namespace by the API server
 
@@ -63,9 +70,19 @@ def fresh_cluster(watch_lag: float) -> Cluster:
     """A store for the box: DRA served, bookmarks often, every watch ``watch_lag`` late."""
     cluster = Cluster(bookmark_every=0.2, serves_dra=True, watch_lag=watch_lag)
     for resource in EXTRA:
-        cluster.objects[resource], cluster.log[resource] = {}, []
-        cluster.floor[resource], cluster.faults[resource] = 0, []
+        keep(cluster, resource)
     return cluster
+
+
+def keep(cluster: Cluster, resource: str) -> None:
+    """Room in the store for a resource the fake server does not serve to the informer."""
+    cluster.objects[resource], cluster.log[resource] = {}, []
+    cluster.floor[resource], cluster.faults[resource] = 0, []
+
+
+def plural(name: str) -> str:
+    """The resource of a ``RESOURCES`` name: ``jobs.batch.volcano.sh`` is ``jobs``."""
+    return name.partition(".")[0]
 
 
 class ApiDouble:
@@ -74,6 +91,7 @@ class ApiDouble:
 
     def __init__(self, cluster: Cluster, dispatcher: Dispatcher | None = None) -> None:
         self.cluster, self.dispatcher = cluster, dispatcher
+        self.resources = dict(RESOURCES)
         self.namespaces: dict[str, dict[str, str]] = {}
         self.writes = Counter()  # mutating requests served, denied ones included, by verb
         self.denied = Counter()  # by "resource/subresource"
@@ -83,6 +101,11 @@ class ApiDouble:
         self._store = threading.Lock()  # one write lands at a time, as etcd's transactions do
 
     # -- setup ----------------------------------------------------------------------------
+
+    def install(self, name: str, resource: Resource) -> None:
+        """Serve a custom resource (its CRD installed): ``name`` is ``<plural>.<group>``."""
+        self.resources[name] = resource
+        keep(self.cluster, name)
 
     def add_namespace(self, name: str, labels: dict[str, str] | None = None) -> None:
         self.namespaces[name] = {**(labels or {}), NAME_LABEL: name}
@@ -114,7 +137,7 @@ class ApiDouble:
     def create(self, resource: str, obj: dict[str, Any], user: dict[str, Any]) -> dict[str, Any]:
         """POST: mutating admission on the object as sent, then name and uid, then validating
         admission, then the store. Returns the stored object; ``Denied`` otherwise."""
-        kind = RESOURCES[resource]
+        kind = self.resources[resource]
         obj = copy.deepcopy(obj)
         metadata = obj.setdefault("metadata", {})
         namespace = metadata.get("namespace", "") if kind.namespaced else ""
@@ -164,8 +187,12 @@ class ApiDouble:
             self.cluster.put(resource, new)
             return self._stored(resource, new)
 
-    def bind(self, namespace: str, name: str, uid: str, node: str, user: dict[str, Any]) -> None:
-        """POST pods/binding, as kube-scheduler's DefaultBinder sends it."""
+    def bind(
+        self, namespace: str, name: str, uid: str, node: str, user: dict[str, Any], legacy: bool = False
+    ) -> None:
+        """POST pods/binding, as kube-scheduler's DefaultBinder sends it; ``legacy``: POST
+        ``namespaces/<ns>/bindings`` instead (``LegacyBindingREST``, the same Binding admitted as
+        the ``bindings`` resource with no subresource)."""
         binding = {
             "apiVersion": "v1",
             "kind": "Binding",
@@ -173,11 +200,21 @@ class ApiDouble:
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         }
         self.writes["bind"] += 1
+        resource, subresource = ("bindings", "") if legacy else ("pods", "binding")
         attrs = Attributes(
-            "CREATE", "", "v1", "pods", "Binding", namespace, name, binding, subresource="binding", user=user
+            "CREATE",
+            "",
+            "v1",
+            resource,
+            "Binding",
+            namespace,
+            name,
+            binding,
+            subresource=subresource,
+            user=user,
         )
         if self.dispatcher is not None:
-            self._admit(self.dispatcher.admit, attrs, "pods/binding")
+            self._admit(self.dispatcher.admit, attrs, f"{resource}/{subresource}".rstrip("/"))
         with self._store:
             pod = self.get("pods", namespace, name)
             if pod is None or pod["metadata"]["uid"] != uid:
@@ -206,9 +243,9 @@ class ApiDouble:
     # -- inside ---------------------------------------------------------------------------
 
     def _attributes(self, operation, resource, namespace, name, obj, old, user, subresource="") -> Attributes:
-        kind = RESOURCES[resource]
+        kind = self.resources[resource]
         return Attributes(
-            operation, kind.group, kind.version, resource, kind.kind, namespace, name, obj, old,
+            operation, kind.group, kind.version, plural(resource), kind.kind, namespace, name, obj, old,
             subresource=subresource, user=user,
         )  # fmt: skip
 

@@ -19,8 +19,15 @@ from typing import Any
 
 from tests.helpers.fake_apiserver import FakeApiServer
 
-from .apiserver import ApiDouble, fresh_cluster
-from .controllers import DeploymentController, ReplicaSetController
+from .apiserver import ApiDouble, Resource, fresh_cluster
+from .controllers import (
+    POD_GROUPS,
+    VOLCANO_JOBS,
+    DeploymentController,
+    GangController,
+    JobController,
+    ReplicaSetController,
+)
 from .deploy import Rendered
 from .dra import DraDriver
 from .guard import Guard
@@ -32,6 +39,9 @@ from .webhooks import Denied, Dispatcher
 WANTED = "box.admit-guard.io/wanted"  # the label of the pods a scenario wants running
 USER = {"username": "jane", "groups": ["system:authenticated"]}
 POD_LIMIT = 3000  # the most pods a box ever creates: a storm is bounded in count as in time
+# The Job controller's pod-failure backoff (10 s doubling to 6 min upstream), compressed so a
+# Job burns its backoffLimit within a small scenario's seconds.
+JOB_BACKOFF = (0.02, 0.2)
 
 
 @dataclass
@@ -72,6 +82,7 @@ class Outcome:
     calls: list[Any]
     phases: dict[str, Counter] = field(default_factory=dict)  # per scenario phase: rejections
     warnings: list[str] = field(default_factory=list)  # admission warnings the API server returned
+    jobs: list[dict[str, Any]] = field(default_factory=list)
 
     def failed(self) -> list[dict[str, Any]]:
         return [p for p in self.pods if (p.get("status") or {}).get("phase") == "Failed"]
@@ -148,6 +159,8 @@ class Box:
         self.api = ApiDouble(self.cluster)
         for namespace in ("default", "ml", "kube-system", "admit-guard"):
             self.api.add_namespace(namespace)
+        self.api.install(VOLCANO_JOBS, Resource("batch.volcano.sh", "v1alpha1", "Job"))
+        self.api.install(POD_GROUPS, Resource("scheduling.volcano.sh", "v1beta1", "PodGroup"))
         self.api.load("nodes", setting.nodes)
         self.api.load("pods", setting.pods)
         self.api.load("resourceslices", setting.slices)
@@ -191,6 +204,8 @@ class Box:
         self.loops = [
             Loop("deployment-controller", DeploymentController(self.api).step),
             Loop("replicaset-controller", self.replica_sets.step),
+            Loop("job-controller", JobController(self.api, JOB_BACKOFF).step),
+            Loop("volcano-job-controller", GangController(self.api).step),
             *(Loop(f"scheduler-{s.name}", s.step) for s in self.schedulers),
             *(Loop(f"kubelet-{k.name}", k.step) for k in self.kubelets),
         ]
@@ -204,6 +219,8 @@ class Box:
             for loop in self.loops:
                 loop.stop()
         finally:
+            if self.api.dispatcher is not None:
+                self.api.dispatcher.close()
             if self.guard is not None:
                 self.guard.stop()
             self.server.close()
@@ -229,7 +246,7 @@ class Box:
         seconds, until no wanted pod is in flight: each one runs, has failed, or says why it
         waits (the scheduler's condition, or the kubelet's event). A bind or a kubelet still
         busy at the script's end is not a pending pod without a reason."""
-        for loop in self.loops[:2]:  # the Deployment and ReplicaSet controllers
+        for loop in self.loops[:4]:  # the controllers: no new pods from here on
             loop.stop()
         deadline = time.monotonic() + limit
         while time.monotonic() < deadline:
@@ -266,7 +283,7 @@ class Box:
             scenario, arm, seconds, self.setting.wanted, api.list("pods"), api.list("resourceclaims"),
             api.list("replicasets"), list(self.refused), list(api.events), counts, running_at,
             [c.seconds * 1000 for c in calls if c.outcome in ("allowed", "denied")], writes, calls, phases,
-            list(api.warnings),
+            list(api.warnings), api.list("jobs"),
         )  # fmt: skip
 
 

@@ -173,3 +173,119 @@ class ReplicaSetController:
             return
         current["status"] = {**(current.get("status") or {}), "conditions": [condition]}
         self.api.update("replicasets", current, self.user, subresource="status")
+
+
+JOB_NAME = "batch.kubernetes.io/job-name"
+BACKOFF_LIMIT = 6  # batch/v1 JobSpec.backoffLimit default
+POD_FAILURE_BACKOFF = (10.0, 360.0)  # job_controller.go DefaultJobPodFailureBackOff, MaxJobPodFailureBackOff
+
+
+class JobController:
+    """``pkg/controller/job/job_controller.go`` ``syncJob`` for a NonIndexed Job: the pods it
+    owns are active, failed or succeeded; while ``failed <= backoffLimit`` it keeps
+    ``min(parallelism, completions - succeeded)`` pods active, each new pod after a failure
+    waiting the pod-failure backoff (10 s doubling to 6 min, from the newest failure); past
+    the limit the Job gets ``Failed`` with ``BackoffLimitExceeded`` and no new pod.
+    ``backoff`` lets a box compress that wait, so a few seconds show a whole Job's life."""
+
+    def __init__(self, api: ApiDouble, backoff: tuple[float, float] = POD_FAILURE_BACKOFF) -> None:
+        self.api, self.backoff = api, backoff
+        self.user = controller_user("job-controller")
+        self.seen_failed: dict[str, tuple[int, float]] = {}  # job uid → (failed pods, seen at)
+
+    def step(self) -> None:
+        pods = self.api.list("pods")
+        for job in self.api.list("jobs"):
+            if any(c["type"] == "Failed" for c in (job.get("status") or {}).get("conditions") or []):
+                continue
+            uid = job["metadata"]["uid"]
+            owned = [p for p in pods if controlled_by(p, uid)]
+            phases = [(p.get("status") or {}).get("phase") for p in owned]
+            active = sum(1 for p in owned if is_active(p))
+            failed, succeeded = phases.count("Failed"), phases.count("Succeeded")
+            spec = job["spec"]
+            if failed > spec.get("backoffLimit", BACKOFF_LIMIT):
+                self._status(job, active, failed, succeeded, failed_condition=True)
+                continue
+            wanted = spec.get("parallelism", 1)
+            if spec.get("completions") is not None:
+                wanted = min(wanted, spec["completions"] - succeeded)
+            before, seen_at = self.seen_failed.get(uid, (0, 0.0))
+            if failed > before:
+                self.seen_failed[uid] = (failed, time.monotonic())
+                seen_at = time.monotonic()
+            delay = min(self.backoff[0] * 2 ** max(failed - 1, 0), self.backoff[1]) if failed else 0.0
+            if active < wanted and time.monotonic() >= seen_at + delay:
+                for _ in range(wanted - active):
+                    try:
+                        self.api.create("pods", self._pod(job), self.user)
+                    except Denied:
+                        break
+            self._status(job, active, failed, succeeded)
+
+    def _pod(self, job: dict[str, Any]) -> dict[str, Any]:
+        template = copy.deepcopy(job["spec"]["template"])
+        labels = {**((template.get("metadata") or {}).get("labels") or {}), JOB_NAME: job["metadata"]["name"]}
+        return {
+            "metadata": {
+                "generateName": f"{job['metadata']['name']}-",
+                "namespace": job["metadata"]["namespace"],
+                "labels": labels,
+                "ownerReferences": [owner_ref(job)],
+            },
+            "spec": template["spec"],
+        }
+
+    def _status(self, job, active: int, failed: int, succeeded: int, failed_condition: bool = False) -> None:
+        status = {**(job.get("status") or {}), "active": active, "failed": failed, "succeeded": succeeded}
+        if failed_condition:
+            status["conditions"] = [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
+                                     "message": "Job has reached the specified backoff limit"}]  # fmt: skip
+        if status == job.get("status"):
+            return
+        job["status"] = status
+        with contextlib.suppress(Denied):  # a conflict: the next sync writes it again
+            self.api.update("jobs", job, self.user, subresource="status")
+
+
+GROUP_NAME = "scheduling.k8s.io/group-name"  # the annotation Volcano's scheduler groups pods by
+VOLCANO_JOBS, POD_GROUPS = "jobs.batch.volcano.sh", "podgroups.scheduling.volcano.sh"
+
+
+class GangController:
+    """Volcano's job controller (``pkg/controllers/job/job_controller_actions.go`` ``syncJob``):
+    for a ``batch.volcano.sh`` Job, a PodGroup whose ``minMember`` is the Job's ``minAvailable``
+    (every replica when unset), then every pod of every task at once, each annotated with the
+    group's name and scheduled by ``volcano``; the batch scheduler binds the gang all or nothing."""
+
+    def __init__(self, api: ApiDouble) -> None:
+        self.api, self.user = api, controller_user("volcano-controllers")
+        self.done: set[str] = set()
+
+    def step(self) -> None:
+        for job in self.api.list(VOLCANO_JOBS):
+            uid = job["metadata"]["uid"]
+            if uid in self.done:
+                continue
+            self.done.add(uid)
+            name, namespace, spec = job["metadata"]["name"], job["metadata"]["namespace"], job["spec"]
+            members = sum(task.get("replicas", 1) for task in spec["tasks"])
+            group = {"metadata": {"name": name, "namespace": namespace, "ownerReferences": [owner_ref(job)]},
+                     "spec": {"minMember": spec.get("minAvailable", members)}}  # fmt: skip
+            self.api.create(POD_GROUPS, group, self.user)
+            for task in spec["tasks"]:
+                for index in range(task.get("replicas", 1)):
+                    template = copy.deepcopy(task["template"])
+                    metadata = template.get("metadata") or {}
+                    pod = {
+                        "metadata": {
+                            "name": f"{name}-{task['name']}-{index}",
+                            "namespace": namespace,
+                            "labels": metadata.get("labels") or {},
+                            "annotations": {**(metadata.get("annotations") or {}), GROUP_NAME: name},
+                            "ownerReferences": [owner_ref(job)],
+                        },
+                        "spec": {**template["spec"], "schedulerName": spec.get("schedulerName", "volcano")},
+                    }
+                    with contextlib.suppress(Denied):  # refused: the Job's status would say so
+                        self.api.create("pods", pod, self.user)

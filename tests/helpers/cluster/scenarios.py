@@ -3,8 +3,9 @@ webhooks of the rendered overlay, the shipped config with its policies enforcing
 it (no webhooks), with the same seed.
 
 - ``nodename-storm`` (incident 1): Deployments pinned with ``nodeName`` onto a full node, one
-  created before the guard was installed, one applied now. The kubelet rejects every pod
-  (``OutOfcpu``) and the ReplicaSet controller replaces each at once.
+  created before the guard was installed, one applied now, and a Job pinned there too. The
+  kubelet rejects every pod (``OutOfcpu``); the ReplicaSet controller replaces each at once,
+  the Job controller until its ``backoffLimit`` is burnt.
 - ``two-schedulers`` (incident 2): default-scheduler and volcano, stale caches, one GPU left per
   node, a burst of GPU pods for both. Both bind a node's last GPU; the device manager fails one
   pod with ``UnexpectedAdmissionError``.
@@ -89,6 +90,13 @@ def deployment(name: str, replicas: int, spec: dict[str, Any]) -> dict[str, Any]
     }  # fmt: skip
 
 
+def job(name: str, spec: dict[str, Any], backoff_limit: int = 6) -> dict[str, Any]:
+    labels = {"app": name, WANTED: "true"}
+    template = {"metadata": {"labels": labels}, "spec": {**spec, "restartPolicy": "Never"}}
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "namespace": "default"},
+            "spec": {"parallelism": 1, "backoffLimit": backoff_limit, "template": template}}  # fmt: skip
+
+
 def claim(
     name: str, node_name: str | None = None, device: str | None = None, pod_name: str = ""
 ) -> dict[str, Any]:
@@ -131,10 +139,11 @@ def nodename_storm(scale: Scale, lag: float) -> tuple[Setting, Callable[[Box], N
     legacy = deployment("legacy", scale.replicas, pinned)  # its ReplicaSet predates the guard
     legacy.update(kind="ReplicaSet", metadata={"name": "legacy-5d8f7c", "namespace": "default"})
     setting = Setting(nodes, {}, pods=[hog], replica_sets=[legacy], schedulers=("default-scheduler",),
-                      scheduler_lag=lag, wanted=2 * scale.replicas)  # fmt: skip
+                      scheduler_lag=lag, wanted=2 * scale.replicas + 1)  # fmt: skip
 
     def play(box: Box) -> None:
         box.create("deployments", deployment("pinned", scale.replicas, pinned))
+        box.create("jobs", job("pinned-job", pinned))
         box.until(scale.seconds)
 
     return setting, play

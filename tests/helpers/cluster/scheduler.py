@@ -15,6 +15,10 @@ Upstream (``pkg/scheduler/``):
   (``0/N nodes are available: ...``), and on a failed bind the pod is forgotten from the cache
   and retried after a backoff (``podInitialBackoffSeconds`` 1 s, doubling to
   ``podMaxBackoffSeconds`` 10 s), its condition ``PodScheduled=False`` saying why.
+
+The batch scheduler's gangs (Volcano, ``pkg/scheduler/plugins/gang``): pods annotated with a
+PodGroup are placed together; unless ``minMember`` of them fit at once, none is bound and each
+says ``pod group is not ready, N/M tasks in gang unschedulable``.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from typing import Any
 
 from .apiserver import ApiDouble
 from .cache import Cache
+from .controllers import GROUP_NAME, POD_GROUPS
 from .kube import allocatable, allocation, is_active, labels_match, pod_requests
 from .webhooks import Denied
 
@@ -76,9 +81,44 @@ class Scheduler:
             (p for p in pods if self._mine(p) and p["metadata"]["uid"] not in self.assumed),
             key=lambda p: (p["metadata"].get("creationTimestamp", ""), p["metadata"]["name"]),
         )
+        gangs: dict[tuple[str, str], list[dict[str, Any]]] = {}
         for pod in queue:
-            if self.retry_at.get(pod["metadata"]["uid"], (0.0, 0))[0] <= now:
+            if self.retry_at.get(pod["metadata"]["uid"], (0.0, 0))[0] > now:
+                continue
+            group = (pod["metadata"].get("annotations") or {}).get(GROUP_NAME)
+            if group:
+                gangs.setdefault((pod["metadata"]["namespace"], group), []).append(pod)
+            else:
                 self.schedule_one(pod)
+        for (namespace, group), members in gangs.items():
+            self.schedule_gang(namespace, group, members)
+
+    def schedule_gang(self, namespace: str, group: str, members: list[dict[str, Any]]) -> None:
+        """Assume each member in turn; bind them all only if ``minMember`` fit (``gang``'s
+        ``JobReady``), else forget every assumption."""
+        pod_group = self.api.get(POD_GROUPS, namespace, group)
+        if pod_group is None:
+            return
+        placed = []
+        for pod in members:
+            feasible, _ = self._filter(pod)
+            if not feasible:
+                continue
+            best = max(score for _, score, _ in feasible)
+            node, _, devices = self.rng.choice([f for f in feasible if f[1] == best])
+            self.assumed[pod["metadata"]["uid"]] = Assumed(node, pod_requests(pod), [d for _, d in devices])
+            placed.append((pod, node, devices))
+        if len(placed) < pod_group["spec"]["minMember"]:
+            for pod, _, _ in placed:
+                del self.assumed[pod["metadata"]["uid"]]
+            self.counts["unschedulable"] += len(members)
+            missing = len(members) - len(placed)
+            message = f"pod group is not ready, {missing}/{len(members)} tasks in gang unschedulable"
+            for pod in members:
+                self._failed(pod, "Unschedulable", message)
+            return
+        for pod, node, devices in placed:
+            self._bind(pod, node, devices)
 
     def _mine(self, pod: dict[str, Any]) -> bool:
         spec = pod["spec"]
@@ -98,8 +138,12 @@ class Scheduler:
             return
         best = max(score for _, score, _ in feasible)
         node, _, devices = self.rng.choice([f for f in feasible if f[1] == best])
+        self.assumed[pod["metadata"]["uid"]] = Assumed(node, pod_requests(pod), [d for _, d in devices])
+        self._bind(pod, node, devices)
+
+    def _bind(self, pod: dict[str, Any], node: str, devices) -> None:
+        """The assumed pod's claims, then its Binding; a refusal forgets the assumption."""
         uid = pod["metadata"]["uid"]
-        self.assumed[uid] = Assumed(node, pod_requests(pod), [d for _, d in devices])
         try:
             self._bind_claims(pod, node, devices)
             if uid in self.denied_before:

@@ -12,12 +12,19 @@ Upstream, in ``staging/src/k8s.io/apiserver/pkg/admission/plugin/webhook/``:
 and ``predicates/object`` (the selectors), ``matchconditions/matcher.go`` (CEL conditions, an
 error decided by failurePolicy), ``request/admissionreview.go`` (``CreateV1AdmissionReview``),
 ``mutating/dispatcher.go`` and ``validating/dispatcher.go`` (dry run and sideEffects, timeout,
-failurePolicy, JSONPatch), ``errors/statuserror.go`` (``ToStatusErr``).
+failurePolicy, JSONPatch; mutating webhooks one after the other, validating ones in parallel,
+a goroutine each in ``Dispatch``, the first error returned), ``errors/statuserror.go``
+(``ToStatusErr``). The calls reuse their connections (``webhook/client.go`` builds one
+``http.Transport`` per webhook, keep-alive on); here one connection per (webhook, thread),
+kept open. The whole request is bounded by the API server's request timeout
+(``--request-timeout``, 60 s; ``server/filters/timeout.go`` answers 504 when it passes), each
+call by the smaller of its ``timeoutSeconds`` and what is left of it.
 """
 
 from __future__ import annotations
 
 import base64
+import concurrent.futures
 import http.client
 import itertools
 import socket
@@ -36,6 +43,8 @@ import orjson
 from .kube import labels_match
 
 MUTATING, VALIDATING = "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"
+REQUEST_TIMEOUT = 60.0  # kube-apiserver --request-timeout default
+TIMED_OUT = "request did not complete within requested timeout - context deadline exceeded"
 
 
 @dataclass
@@ -54,6 +63,7 @@ class Attributes:
     subresource: str = ""
     user: Mapping[str, Any] = field(default_factory=dict)
     dry_run: bool = False
+    deadline: float | None = None  # monotonic: when the request's timeout passes (set on its first call)
 
     def options(self) -> dict[str, Any]:
         """``GetOperationOptions``: CreateOptions or UpdateOptions, as the request carried them."""
@@ -99,14 +109,19 @@ class Dispatcher:
         docs: list[dict[str, Any]],
         endpoints: Callable[[str, str], list[int]],
         namespace_labels: Callable[[str], Mapping[str, str] | None],
+        request_timeout: float = REQUEST_TIMEOUT,
     ) -> None:
         self.endpoints, self.namespace_labels = endpoints, namespace_labels
+        self.request_timeout = request_timeout
         self.mutating = [_Hook(h) for d in docs if d["kind"] == MUTATING for h in d["webhooks"]]
         self.validating = [_Hook(h) for d in docs if d["kind"] == VALIDATING for h in d["webhooks"]]
         self.calls: list[Call] = []
         self._lock = threading.Lock()
         self._next = itertools.count()
-        self._local = threading.local()
+        self._local = threading.local()  # this thread's kept-alive connection per webhook
+        self._connections: list[_Connection] = []  # every one opened, to close at the end
+        self._parallel = concurrent.futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="webhook")
+        self.connects = 0  # TCP+TLS connections opened: with keep-alive, far fewer than calls
 
     def admit(self, attrs: Attributes) -> Admitted:
         """Mutating webhooks, then validating ones. ``Denied`` when one refuses or fails closed."""
@@ -116,6 +131,7 @@ class Dispatcher:
 
     def mutating_only(self, attrs: Attributes) -> Admitted:
         """The mutating webhooks in order: a patch changes the object the next one sees."""
+        self._start(attrs)
         warnings: list[str] = []
         for hook in self.mutating:
             if self._matches(hook, attrs):
@@ -128,12 +144,32 @@ class Dispatcher:
         return Admitted(attrs.obj, warnings)
 
     def validating_only(self, attrs: Attributes) -> Admitted:
-        """The validating webhooks (kube-apiserver calls them in parallel; none mutates)."""
-        warnings: list[str] = []
-        for hook in self.validating:
-            if self._matches(hook, attrs):
-                self._call(hook, attrs, warnings)
-        return Admitted(attrs.obj, warnings)
+        """The validating webhooks that match, all at once (none mutates); the first error to
+        arrive is the answer, as ``Dispatch`` returns ``errs[0]``. Warnings in webhook order."""
+        self._start(attrs)
+        hooks = [hook for hook in self.validating if self._matches(hook, attrs)]
+        found: list[list[str]] = [[] for _ in hooks]
+        if len(hooks) == 1:  # one goroutine or the caller's thread: the same call
+            self._call(hooks[0], attrs, found[0])
+            return Admitted(attrs.obj, found[0])
+        calls = [self._parallel.submit(self._call, h, attrs, w) for h, w in zip(hooks, found, strict=True)]
+        for done in concurrent.futures.as_completed(calls):
+            error = done.exception()
+            if error is not None:
+                raise error
+        return Admitted(attrs.obj, [w for warnings in found for w in warnings])
+
+    def close(self) -> None:
+        """Close every kept-alive connection (the API server going away)."""
+        self._parallel.shutdown(wait=True)
+        with self._lock:
+            connections, self._connections = self._connections, []
+        for conn in connections:
+            conn.close()
+
+    def _start(self, attrs: Attributes) -> None:
+        if attrs.deadline is None:
+            attrs.deadline = time.monotonic() + self.request_timeout
 
     # -- which webhooks a request reaches -------------------------------------------------
 
@@ -162,10 +198,16 @@ class Dispatcher:
             raise Denied(400, "BadRequest", f'admission webhook "{hook.name}" does not support dry run')
         review = review_for(hook, attrs)
         started = time.monotonic()
+        left = (attrs.deadline or started + self.request_timeout) - started
+        if left <= 0:
+            raise Denied(504, "Timeout", TIMED_OUT)
         try:
-            response = self._post(hook, review)
+            response = self._post(hook, review, min(float(hook.spec.get("timeoutSeconds", 10)), left))
         except (OSError, http.client.HTTPException, ValueError, KeyError) as err:
             seconds = time.monotonic() - started
+            if attrs.deadline is not None and time.monotonic() >= attrs.deadline:
+                self._record(Call(hook.name, seconds, "error"))
+                raise Denied(504, "Timeout", TIMED_OUT) from err
             if hook.spec.get("failurePolicy", "Fail") == "Ignore":
                 self._record(Call(hook.name, seconds, "ignored-error"))
                 return None
@@ -184,28 +226,63 @@ class Dispatcher:
             raise Denied(code, reason, f'admission webhook "{hook.name}" denied the request: {message}')
         return response
 
-    def _post(self, hook: _Hook, review: dict[str, Any]) -> dict[str, Any]:
-        service = hook.spec["clientConfig"]["service"]
-        ports = self.endpoints(service["namespace"], service["name"])
-        if not ports:
-            raise ConnectionRefusedError(f'no endpoints available for service "{service["name"]}"')
-        port = ports[next(self._next) % len(ports)]
-        timeout = float(hook.spec.get("timeoutSeconds", 10))
+    def _post(self, hook: _Hook, review: dict[str, Any], timeout: float) -> dict[str, Any]:
         body = orjson.dumps(review)
-        host = f"{service['name']}.{service['namespace']}.svc"
-        conn = _Connection(host, port, hook.tls, timeout)
+        path = hook.spec["clientConfig"]["service"].get("path", "/")
+        conn, reused = self._connection(hook)
+        conn.timeout = timeout
         try:
-            conn.request("POST", service.get("path", "/"), body, {"Content-Type": "application/json"})
+            if conn.sock is not None:
+                conn.sock.settimeout(timeout)
+            conn.request("POST", path, body, {"Content-Type": "application/json"})
             reply = conn.getresponse()
             data = reply.read()
-        finally:
-            conn.close()
+        except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+            self._drop(hook, conn)
+            if not reused:
+                raise
+            # Go's transport retries a request on a kept-alive connection the server had closed.
+            return self._post(hook, review, timeout)
+        except BaseException:
+            self._drop(hook, conn)
+            raise
         if reply.status != 200:
             raise ValueError(f"the server responded with status {reply.status}")
         answer = orjson.loads(data)["response"]
         if answer.get("uid") != review["request"]["uid"]:
             raise ValueError("expected response.uid to match the request.uid")
         return answer
+
+    def _connection(self, hook: _Hook) -> tuple[_Connection, bool]:
+        """This thread's connection to ``hook``'s service, and whether it was used before. A new
+        one picks the next ready endpoint, as a Service spreads new connections; one to an
+        endpoint no longer ready is closed (the pod is gone)."""
+        service = hook.spec["clientConfig"]["service"]
+        ports = self.endpoints(service["namespace"], service["name"])
+        kept: dict[str, _Connection] = self._local.__dict__.setdefault("connections", {})
+        conn = kept.get(hook.name)
+        if conn is not None and conn.port in ports:
+            return conn, True
+        if conn is not None:
+            self._drop(hook, conn)
+        if not ports:
+            raise ConnectionRefusedError(f'no endpoints available for service "{service["name"]}"')
+        port = ports[next(self._next) % len(ports)]
+        conn = _Connection(f"{service['name']}.{service['namespace']}.svc", port, hook.tls, 10.0)
+        kept[hook.name] = conn
+        with self._lock:
+            self._connections.append(conn)
+            self.connects += 1
+        return conn, False
+
+    def _drop(self, hook: _Hook, conn: _Connection) -> None:
+        conn.close()
+        kept = self._local.__dict__.get("connections", {})
+        if kept.get(hook.name) is conn:
+            del kept[hook.name]
+        with self._lock:
+            if conn in self._connections:
+                self._connections.remove(conn)
 
     def _record(self, call: Call) -> None:
         with self._lock:
