@@ -21,7 +21,6 @@ from typing import Any
 
 import pytest
 
-from tests.fake_apiserver import FakeApiServer
 from tests.helpers.cluster import deploy
 from tests.helpers.cluster.apiserver import ApiDouble, fresh_cluster
 from tests.helpers.cluster.guard import Guard, enforcing
@@ -37,6 +36,7 @@ from tests.helpers.cluster.routes import (
 )
 from tests.helpers.cluster.scenarios import GPU, claim, node, pod, pod_spec, resource_slice
 from tests.helpers.cluster.webhooks import Denied, Dispatcher
+from tests.helpers.fake_apiserver import FakeApiServer
 
 USER = {"username": "jane", "groups": ["system:authenticated"]}
 SCHEDULER = {"username": "system:kube-scheduler", "groups": ["system:authenticated"]}
