@@ -1,4 +1,4 @@
-"""The kubelet's topology manager admit handler: ``TopologyAffinityError`` (topology-admission-spec).
+"""The kubelet's topology manager admit handler: ``TopologyAffinityError``. topology-admission-spec §7.
 
 Handler 3 in the kubelet's order (``containerManager.GetAllocateResourcesPodAdmitHandler``), after
 sysctls and before the predicates. With ``restricted`` or ``single-numa-node``, a pod whose CPUs,
