@@ -129,7 +129,7 @@ class Inventory:
             missing[WORKLOADS] = f"no workloads were read: add {WORKLOAD_LIST} to the kubectl get"
         if not self.facts.failed_pods and not self.rejected:
             missing[FAILED_PODS] = (
-                "no Failed pods were read: a storm leaves them behind (none in the cluster, or the "
+                "no Failed pods were read: kubelet rejections leave them behind (none in the cluster, or the "
                 "snapshot left them out)"
             )
         if not self.pods_read:
