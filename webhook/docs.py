@@ -39,7 +39,7 @@ READS = {
 # A check cites the spec it follows in its module docstring's first paragraph: the spec's page
 # (``kubelet-admission-spec``, ``topology-admission-spec``) and its section.
 # A citation in parentheses is part of the sentence and stays in the text.
-SPEC = re.compile(r"\s*(?<!\()((?:kubelet|topology)-admission-spec) (§\d+(?:[.\-]\d+)*)\.?")
+SPEC = re.compile(r"\s*(?<!\()(kubelet-admission-spec|topology-admission-spec) (§\d+(?:[.\-]\d+)*)\.?")
 
 
 def _cell(text: Any) -> str:
