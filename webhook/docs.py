@@ -36,7 +36,10 @@ READS = {
     POD_SHAPE: "a pod or a workload's pod template (`POD_SHAPE`)",
     POD_FIELDS: "a pod or template whose requests, ports and sysctls read (`POD_FIELDS`)",
 }
-SPEC = re.compile(r"\s*kubelet-admission-spec (§\d+(?:[.\-]\d+)*)\.?")
+# A check cites the spec it follows in its module docstring's first paragraph: the spec's page
+# (``kubelet-admission-spec``, ``topology-admission-spec``) and its section.
+# A citation in parentheses is part of the sentence and stays in the text.
+SPEC = re.compile(r"\s*(?<!\()(kubelet-admission-spec|topology-admission-spec) (§\d+(?:[.\-]\d+)*)\.?")
 
 
 def _cell(text: Any) -> str:
@@ -136,7 +139,7 @@ def _check_doc(check) -> tuple[str, str]:
     module = _first_paragraph(sys.modules[check.run.__module__].__doc__)
     doc = _first_paragraph(check.run.__doc__) or module
     section = SPEC.search(module)
-    spec = f"[{section.group(1)}](../kubelet-admission-spec.md)" if section else "—"
+    spec = f"[{section.group(2)}](../{section.group(1)}.md)" if section else "—"
     return SPEC.sub("", doc), spec
 
 
@@ -158,7 +161,8 @@ def checks_page() -> str:
         "first is what the kubelet would put in `status.reason`. Failures of checks in the "
         "general filter go through the critical-pod handler (kubelet-side preemption), which "
         f"answers {_code(CRITICAL_POD_REASONS)} when evicting lower-priority pods would not make "
-        "room. The rules: [kubelet-admission-spec](../kubelet-admission-spec.md)."
+        "room. The rules: [kubelet-admission-spec](../kubelet-admission-spec.md); the topology "
+        "manager's: [topology-admission-spec](../topology-admission-spec.md)."
     )
     head = ("#", "check", "reasons", "general filter", "function", "what", "spec")
     return _page("Kubelet checks", intro, _table(head, rows))

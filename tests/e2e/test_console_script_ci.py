@@ -81,13 +81,14 @@ def test_the_audit_says_what_it_scanned_and_which_finding_types_it_could_not_jud
     result = cli("audit", "--cluster", CLUSTER)
     assert "scanned 7 nodes, 35 pods (0 rejected by the kubelet), 0 workloads; judged at " in result.stderr
     assert "not judged: PinnedNodeName: no workloads were read" in result.stderr
-    assert "not judged: AdmissionStorm: no Failed pods were read" in result.stderr
+    assert "not judged: AdmissionStorm, TopologyRejectedPods: no Failed pods were read" in result.stderr
     summary = json.loads(cli("audit", "--cluster", CLUSTER, "-o", "json").stdout)["summary"]
-    assert set(summary["notJudged"]) == {"PinnedNodeName", "AdmissionStorm"}  # it has DRA claims
+    failed_pods = {"AdmissionStorm", "TopologyRejectedPods"}
+    assert set(summary["notJudged"]) == {"PinnedNodeName", *failed_pods}  # it has DRA claims
     without_dra = [arg for name in ("nodes.yaml", "pods.yaml") for arg in ("--cluster", f"{CLUSTER}/{name}")]
     summary = json.loads(cli("audit", *without_dra, "-o", "json").stdout)["summary"]
     devices = {"DeviceAlreadyAllocated", "DeviceCapacityExceeded", "DeviceCountersExceeded"}
-    assert set(summary["notJudged"]) == {"PinnedNodeName", "AdmissionStorm", *devices}
+    assert set(summary["notJudged"]) == {"PinnedNodeName", *failed_pods, *devices}
     stderr = cli("audit", *without_dra).stderr
     assert f"not judged: {', '.join(sorted(devices))}: no ResourceClaims were read" in stderr
 

@@ -1,6 +1,7 @@
 """The topology manager check through the installed console script: ``check`` denies a pinned
 Guaranteed pod no NUMA zone can hold with ``TopologyAffinityError``, and ``explain`` shows the
-node refused with its zones (issue 27 item 3)."""
+node refused with its zones, and ``audit`` reports the pods the topology manager rejected and
+the NRT whose pods fingerprint is stale (issue 27 item 3)."""
 
 from __future__ import annotations
 
@@ -58,3 +59,41 @@ def test_explain_shows_the_node_refused_with_its_zones(tmp_path):
     assert nodes["plain-1"]["fits"]
     text = cli("explain", "-f", "-", "--cluster", snapshot(tmp_path), stdin=pinned()).stdout
     assert "TopologyAffinityError (topology manager policy single-numa-node" in text
+
+
+def test_audit_reports_the_pods_the_topology_manager_rejected_and_the_stale_nrt(tmp_path):
+    failed = pod("hpc-1", node_name="numa-1")
+    failed["metadata"]["ownerReferences"] = [
+        {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "hpc-6f", "uid": "rs-1", "controller": True}
+    ]
+    failed["status"] = {
+        "phase": "Failed",
+        "reason": "TopologyAffinityError",
+        "message": "Pod was rejected: Resources cannot be allocated with Topology locality",
+    }
+    stale = nrt(
+        "numa-1",
+        [{"cpu": ("16", "16", "4")}, {"cpu": ("16", "16", "4")}],
+        attributes={"nodeTopologyPodsFingerprint": "pfp0v001deadbeefdeadbeef"},
+    )
+    items = [node("numa-1", cpu="32", memory="64Gi"), stale, pod("running", node_name="numa-1"), failed]
+    path = write(
+        tmp_path, "failed.yaml", yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": items})
+    )
+    result = cli("audit", "--cluster", path, "-o", "json")
+    assert result.returncode == 1, result.stderr
+    report = json.loads(result.stdout)
+    by_type = {f["type"]: f for f in report["findings"]}
+    rejected = by_type["TopologyRejectedPods"]
+    assert (rejected["kind"], rejected["name"], rejected["node"], rejected["count"]) == (
+        "ReplicaSet",
+        "hpc-6f",
+        "numa-1",
+        1,
+    )
+    assert "numa-1 1 (NRT policy single-numa-node, scope container)" in rejected["message"]
+    assert (by_type["StaleNodeResourceTopology"]["name"], by_type["StaleNodeResourceTopology"]["count"]) == (
+        "numa-1",
+        1,
+    )
+    assert report["summary"]["byType"]["TopologyRejectedPods"] == 1

@@ -24,8 +24,10 @@ def owned(name: str, **kwargs) -> dict:
     return obj
 
 
-def rejected(name: str, reason: str = "OutOfnvidia.com/gpu", created: str | None = None) -> dict:
-    obj = owned(name, node_name="gpu-1")
+def rejected(
+    name: str, reason: str = "OutOfnvidia.com/gpu", created: str | None = None, node_name: str = "gpu-1"
+) -> dict:
+    obj = owned(name, node_name=node_name)
     obj["status"] = {"phase": "Failed", "reason": reason, "message": f"Pod was rejected: {reason}"}
     if created:
         obj["metadata"]["creationTimestamp"] = created

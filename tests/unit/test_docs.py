@@ -65,3 +65,23 @@ def test_check_says_which_pages_are_stale(tmp_path):
     )
     assert result.returncode == 1
     assert "docs/reference/policies.md is stale: run `make docs`" in result.stderr
+
+
+def test_every_kubelet_check_cites_a_section_of_a_spec_page_that_exists():
+    """The spec column links the spec each check follows (the topology manager's has its own)."""
+    rows = [line for line in docs.checks_page().splitlines() if re.match(r"\| \d+ \|", line)]
+    assert len(rows) == len(KUBELET_CHECKS)
+    for row in rows:
+        cited = re.search(r"\[§[\d.\-]+\]\(\.\./([\w-]+\.md)\) \|$", row)
+        assert cited is not None, row
+        assert (ROOT / "docs" / cited.group(1)).is_file()
+    assert "[§7](../topology-admission-spec.md)" in docs.checks_page()
+
+
+def test_a_citation_inside_a_sentence_stays_in_the_checks_text():
+    assert docs.SPEC.sub("", "refuses (topology-admission-spec §9; where declared).") == (
+        "refuses (topology-admission-spec §9; where declared)."
+    )
+    assert (
+        docs.SPEC.sub("", "host ports must be free. kubelet-admission-spec §7.") == "host ports must be free."
+    )

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..config import Config
-from ..policies import AuditPass, AuditScope, Context, Finding, Mode
+from ..policies import AuditPass, AuditScope, Context, Finding, Mode, audit_reads
 from ..policies.registry import AUDIT_POLICIES
 from ..state.inventory import Inventory
 from ..state.model import PODS, ClusterState
@@ -32,10 +32,11 @@ __all__ = [
 ]
 
 NODES_PER_CHUNK = 250  # nodes judged under one hold of the live state's lock
-# The policies judged per node: the server's periodic audit takes their nodes a chunk at a time.
-NODE_POLICIES = tuple(policy for policy in AUDIT_POLICIES if policy.AUDIT_READS == PODS)
 # What each finding type is judged from (``Inventory.missing`` names the inputs not read).
-AUDIT_READS_OF = {found: policy.AUDIT_READS for policy in AUDIT_POLICIES for found in policy.AUDITS}
+AUDIT_READS_OF = {found: read for policy in AUDIT_POLICIES for found, read in audit_reads(policy).items()}
+# The policies with types judged per node: the server's periodic audit takes their nodes a chunk
+# at a time, and publishes those types (a policy's other types need what the live state lacks).
+NODE_POLICIES = tuple(policy for policy in AUDIT_POLICIES if PODS in audit_reads(policy).values())
 
 
 def audited(config: Config, finding_type: str) -> bool:
@@ -92,7 +93,8 @@ def periodic_passes(config: Config) -> list[tuple[tuple[str, ...], AuditPass]]:
         chunk=NODES_PER_CHUNK,
     )
     on = _on(config, NODE_POLICIES)
-    passes = [(tuple(t for policy in on for t in policy.AUDITS), nodes)] if on else []
+    per_node = tuple(t for policy in on for t in policy.AUDITS if AUDIT_READS_OF[t] == PODS)
+    passes = [(per_node, nodes)] if on else []
     return passes + [
         (policy.AUDITS, policy.audit_pass(config))
         for policy in _on(config, AUDIT_POLICIES)

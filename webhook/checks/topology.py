@@ -1,4 +1,4 @@
-"""The kubelet's topology manager admit handler: ``TopologyAffinityError`` (topology-admission-spec).
+"""The kubelet's topology manager admit handler: ``TopologyAffinityError``. topology-admission-spec §7.
 
 Handler 3 in the kubelet's order (``containerManager.GetAllocateResourcesPodAdmitHandler``), after
 sysctls and before the predicates. With ``restricted`` or ``single-numa-node``, a pod whose CPUs,
@@ -107,8 +107,17 @@ class PodsSeen:
             self._checked = True
             published = self.topology.fingerprint
             if published and self.usage is not None:
-                self._matches = sign(self._hashes()) == published
+                self._matches = self.known_fingerprint() == published
         return self._matches
+
+    def known_fingerprint(self) -> str:
+        """The fingerprint of the pods the state knows bound on the node, as the exporter would
+        sign them (the audit shows it beside the published one)."""
+        return sign(self._hashes())
+
+    def known_pods(self) -> int:
+        """How many pods that fingerprint is computed over."""
+        return sum(1 for _ in self._hashes())
 
     def _hashes(self) -> Iterator[int]:
         assert self.usage is not None

@@ -68,6 +68,7 @@ NO_CLUSTER_STATE = "NoClusterState"
 BINDS = "binds"
 ALLOCATIONS = "allocations"
 
+
 @dataclass(frozen=True, slots=True)
 class Review:
     """The object under review, with the pod it stands for (requests computed once)."""
@@ -241,6 +242,16 @@ class AuditScope:
         return self.inventory.state.nodes if self.nodes is None else self.nodes
 
 
+def audit_reads(policy: Any) -> dict[str, str]:
+    """Each of a policy's audit types and the inventory input it is judged from: its
+    ``AUDIT_READS``, one input for every type, or a mapping from type to input where its types
+    read different inputs (``nodeAdmission``: the pods per node, and the Failed pods)."""
+    reads = policy.AUDIT_READS
+    if isinstance(reads, Mapping):
+        return {finding_type: reads[finding_type] for finding_type in policy.AUDITS}
+    return {finding_type: reads for finding_type in policy.AUDITS}
+
+
 @dataclass(frozen=True, slots=True)
 class AuditPass:
     """A policy's audit of the live state, a chunk at a time: the server's periodic audit holds
@@ -291,8 +302,10 @@ class Policy(Protocol):
     #       what in the cluster already breaks the rule (``admit-guard audit``, the server's
     #       periodic audit): findings with a severity, a subject and a count, of the types in
     #       ``AUDITS`` (a tuple, in report order), read from the inventory's ``AUDIT_READS``
-    #       (``state.inventory.WORKLOADS``, ``FAILED_PODS``, ``PODS``: per node, or ``CLAIMS``);
-    #       where that input was not read, the audit says the types were not judged. With it,
+    #       (``state.inventory.WORKLOADS``, ``FAILED_PODS``, ``PODS``: per node, or ``CLAIMS``;
+    #       or a mapping from each type to its input, ``audit_reads``); where that input was
+    #       not read, the audit says the types were not judged. The server's periodic audit
+    #       passes a chunk of nodes (``AuditScope.nodes``) and publishes only the ``PODS`` types. With it,
     #       ``audit_terms(config) -> dict``: settings the report states in its summary
     #       (``stormThreshold``).
     #   explain(pod: PodUnderReview, scheduler: str, context: Context) -> Callable[[Node], tuple]

@@ -3,11 +3,11 @@
 The server's state holds nodes, active pods, the storm breakers' per-owner rejection records
 and the DRA device index, nothing more: no workloads, no Failed pods. So the periodic audit
 computes the node findings, ``MixedDeviceScheduler`` (pods of more than one scheduler holding a
-device; pods whose controller pinned nodeName cannot be told apart without the workloads) and
-``Overcommitted``, the DRA devices handed out twice (``DeviceAlreadyAllocated`` and the capacity
-and counter types), and counts storms in progress (``AdmissionStorm``: owners whose breaker is
-open, by namespace). ``admit-guard audit`` reports every type, old storms and pinned workloads
-included.
+device; pods whose controller pinned nodeName cannot be told apart without the workloads),
+``Overcommitted`` and ``StaleNodeResourceTopology``, the DRA devices handed out twice
+(``DeviceAlreadyAllocated`` and the capacity and counter types), and counts storms in progress
+(``AdmissionStorm``: owners whose breaker is open, by namespace). ``admit-guard audit`` reports
+every type, old storms, pinned workloads and ``TopologyRejectedPods`` included.
 
 Reviews read the same state under the same lock, so the audit takes it one chunk of nodes (or
 claims) at a time: an admission review never waits for more than one chunk.

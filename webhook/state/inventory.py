@@ -17,6 +17,7 @@ from typing import IO, Any
 
 from ..formats.manifests import Document, ManifestError
 from ..kube.errors import FieldError
+from ..kube.kinds import NODE_RESOURCE_TOPOLOGY
 from ..kube.rejection import Owner, admission_rejection, controller_owner
 from ..kube.workloads import BUILT_IN, PodShape, TemplateShape, WorkloadTable, api_group, pod_shape
 from .devices import DeviceIndex
@@ -31,7 +32,7 @@ from .model import (
     object_key,
     pod_record,
 )
-from .snapshot import DRA_KINDS, SnapshotError, SnapshotFacts, read_snapshot
+from .snapshot import DRA_KINDS, SnapshotError, SnapshotFacts, read_snapshot, read_topology
 
 # The workload kinds the audit reads, as (list resource, kind, apiVersion): a live list's items
 # carry neither kind nor apiVersion, so the reader stamps them from here.
@@ -50,6 +51,10 @@ DRA_RESOURCES = (
     ("resourceslices", "ResourceSlice", "resource.k8s.io/v1"),
     ("resourceclaims", "ResourceClaim", "resource.k8s.io/v1"),
     ("deviceclasses", "DeviceClass", "resource.k8s.io/v1"),
+)
+# The topology manager's inputs, where an exporter publishes them: the audit's NRT findings.
+TOPOLOGY_RESOURCES = (
+    ("noderesourcetopologies", NODE_RESOURCE_TOPOLOGY.name, NODE_RESOURCE_TOPOLOGY.api_version),
 )
 WORKLOAD_KINDS = frozenset(kind for _, kind, _ in WORKLOAD_RESOURCES)
 WORKLOAD_LIST = ",".join(resource for resource, _, _ in WORKLOAD_RESOURCES)
@@ -124,7 +129,7 @@ class Inventory:
             missing[WORKLOADS] = f"no workloads were read: add {WORKLOAD_LIST} to the kubectl get"
         if not self.facts.failed_pods and not self.rejected:
             missing[FAILED_PODS] = (
-                "no Failed pods were read: a storm leaves them behind (none in the cluster, or the "
+                "no Failed pods were read: kubelet rejections leave them behind (none in the cluster, or the "
                 "snapshot left them out)"
             )
         if not self.pods_read:
@@ -168,6 +173,8 @@ class InventoryBuilder:
             self._add_workload(obj, self.workloads.shapes(obj) or [])
         elif kind in DRA_KINDS and api_group(obj) == "resource.k8s.io":
             self._add_dra(obj)
+        elif kind == NODE_RESOURCE_TOPOLOGY.name and api_group(obj) == NODE_RESOURCE_TOPOLOGY.group:
+            read_topology(self.inventory.state, obj)  # as the snapshot loader reads it
 
     def _add_dra(self, obj: Mapping[str, Any]) -> None:
         """A ResourceSlice, ResourceClaim, DeviceClass or DeviceTaintRule, into the device index
@@ -315,9 +322,10 @@ def live_inventory(
     """
     builder = InventoryBuilder(workloads)
     problems: list[str] = []
-    dra = DRA_RESOURCES if _serves_dra(api) else ()
+    dra = _served(api, DRA_RESOURCES)
     builder.inventory.claims_listed = bool(dra)
-    for resource, kind, api_version in (*LIVE_RESOURCES, *dra, *served_custom_resources(api, workloads)):
+    custom = served_custom_resources(api, workloads)
+    for resource, kind, api_version in (*LIVE_RESOURCES, *dra, *_served(api, TOPOLOGY_RESOURCES), *custom):
         for count, obj in enumerate(_pages(api, resource, page_size), 1):
             obj.setdefault("kind", kind)
             obj.setdefault("apiVersion", api_version)
@@ -335,15 +343,16 @@ def live_inventory(
     return builder.inventory
 
 
-def _serves_dra(api) -> bool:
-    """Whether the cluster serves ``resource.k8s.io/v1``; a discovery that fails counts as no
-    (the audit then says its device findings were not judged)."""
-    from .apiserver import DRA_GROUP_VERSION, ApiError  # the HTTP client: live reads only
+def _served(api, resources: tuple[tuple[str, str, str], ...]) -> tuple[tuple[str, str, str], ...]:
+    """``resources`` (of one group version) where the cluster serves them, else none; a discovery
+    that fails counts as not served (the audit then says its device findings were not judged,
+    and reads no NRT)."""
+    from .apiserver import ApiError  # the HTTP client: live reads only
 
     try:
-        return api.serves(DRA_GROUP_VERSION)
+        return resources if api.serves(resources[0][2]) else ()
     except ApiError:
-        return False
+        return ()
 
 
 def served_custom_resources(api, workloads: WorkloadTable) -> list[tuple[str, str, str]]:

@@ -201,7 +201,7 @@ def _build(
                     state.devices = DeviceIndex()
                 DRA_KINDS[kind](state.devices, doc.obj)
             elif kind == NODE_RESOURCE_TOPOLOGY.name and api_group(doc.obj) == NODE_RESOURCE_TOPOLOGY.group:
-                _read_topology(state, doc.obj)
+                read_topology(state, doc.obj)
         except FieldError as err:
             problems.append(f"{doc.location}: {kind}: field {err}")
     if problems:
@@ -209,7 +209,7 @@ def _build(
     return Snapshot(state, facts)
 
 
-def _read_topology(state: ClusterState, obj: Mapping[str, object]) -> None:
+def read_topology(state: ClusterState, obj: Mapping[str, object]) -> None:
     """A NodeResourceTopology, attached to its node. A snapshot cannot tell how old the object
     is against the pods beside it: its ``available`` is taken to count them all (issue 27 item 4,
     docs/topology.md), so nothing is subtracted from it here."""

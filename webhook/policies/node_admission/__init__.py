@@ -15,7 +15,7 @@ from ...kube.reasons import SYSCTL_FORBIDDEN
 from ...kube.tolerations import untolerated_taint
 from ...scheduler.filters import SCHEDULING_EFFECTS, tolerations_of
 from ...scheduler.placement import candidates
-from ...state.model import PODS, is_mirror
+from ...state.model import FAILED_PODS, PODS, is_mirror
 from .. import (
     BINDS,
     NO_CLUSTER_STATE,
@@ -39,6 +39,7 @@ from .settings import (
     UnsafeSysctls,
     read_settings,
 )
+from .topology_audit import STALE_TOPOLOGY, TOPOLOGY_REJECTED, stale_topology, topology_rejections
 
 if TYPE_CHECKING:
     from ...state import ClusterState
@@ -63,8 +64,9 @@ STATIC = None  # the kubelet's verdict needs the node's state
 # Its mode decides whether the bind guard reserves a node's capacity, and its settings hold the
 # coordination's (``reservations``): a bind's own denials (UnknownNode, busy) are its.
 COORDINATES = BINDS
-AUDITS = (OVERCOMMITTED,)
-AUDIT_READS = PODS
+AUDITS = (OVERCOMMITTED, TOPOLOGY_REJECTED, STALE_TOPOLOGY)
+# The pods the topology manager rejected are Failed pods, which the server's state does not keep.
+AUDIT_READS = {OVERCOMMITTED: PODS, TOPOLOGY_REJECTED: FAILED_PODS, STALE_TOPOLOGY: PODS}
 
 
 
@@ -185,14 +187,22 @@ def check_bind(bind: Bind, context: Context) -> list[Finding]:
 
 
 def audit(scope: AuditScope, context: Context) -> list[Finding]:
-    """Nodes whose active pods already request more than is allocatable."""
+    """Per node: active pods that already request more than is allocatable, and an NRT that
+    does not count the pods on the node. For the whole inventory (not a chunk of nodes), the
+    Failed pods the topology manager rejected, by owner."""
     state = scope.inventory.state
+    topology = context.config.policy(NAME).topology
     findings: list[Finding] = []
     for name in scope.node_names():
         node = state.nodes.get(name)
+        if node is None:
+            continue
         usage = state.usage(name)
-        if node is not None and usage.pods:
+        if usage.pods:
             findings += overcommitted(node, usage)
+        findings += stale_topology(node, usage, topology)
+    if scope.nodes is None:
+        findings += topology_rejections(scope.inventory, context, topology)
     return findings
 
 

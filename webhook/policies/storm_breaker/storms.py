@@ -59,11 +59,13 @@ def storm_findings(
     groups: Iterable[StormGroup], settings: StormBreakerConfig, now: float, config: Config
 ) -> list[Finding]:
     """The groups the breaker would have called a storm, outside the excluded namespaces."""
-    return [
-        _storm(group, settings, now)
-        for group in groups
-        if group.count >= settings.threshold and group.namespace not in config.excluded_namespaces
-    ]
+    return [_storm(group, settings, now) for group in groups if is_storm(group, settings, config)]
+
+
+def is_storm(group: StormGroup, settings: StormBreakerConfig, config: Config) -> bool:
+    """Whether the storm audit reports ``group``: as many pods as the breaker's threshold,
+    outside the excluded namespaces (other audits say when they count the same pods)."""
+    return group.count >= settings.threshold and group.namespace not in config.excluded_namespaces
 
 
 def _storm(group: StormGroup, settings: StormBreakerConfig, now: float) -> Finding:
