@@ -29,6 +29,7 @@ def is_native_resource(name: str) -> bool:
     return "/" not in name or "kubernetes.io/" in name
 
 
+@lru_cache(maxsize=4096)  # a cluster names a few dozen resources; asked per request and pod event
 def is_extended_resource(name: str) -> bool:
     """Vendor resources such as ``nvidia.com/gpu`` (``v1helper.IsExtendedResourceName``)."""
     if is_native_resource(name) or name.startswith("requests."):

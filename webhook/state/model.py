@@ -239,7 +239,7 @@ _EXACT = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS | or
 
 def _requests_and_ports(spec: Mapping[str, Any], status: Mapping[str, Any]):
     requests = {sys.intern(k): v for k, v in pod_requests(spec, status).items()}
-    return requests, host_ports(spec), footprint(spec)
+    return requests, host_ports(spec), footprint(spec, requests)
 
 
 def _shared_requests_and_ports(spec: Mapping[str, Any], status: Mapping[str, Any]):

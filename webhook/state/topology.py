@@ -86,13 +86,37 @@ class Unit:
 Footprint = tuple[Unit, ...]  # a pod's units in admission order; () when it aligns nothing
 
 
-def footprint(spec: Mapping[str, Any]) -> Footprint:
+def footprint(spec: Mapping[str, Any], requests: Mapping[str, int] | None = None) -> Footprint:
     """What a pod asks every NUMA-aware hint provider for, container by container, on any node
     (``on`` narrows it to one node's zones): whole CPUs and memory types of a Guaranteed pod
     without pod-level resources (``guaranteedCPUs``, ``getRequestedResources``), extended
-    resources for any QoS (device plugins: §2.3). Empty when nothing is asked: most pods."""
+    resources for any QoS (device plugins: §2.3). Empty when nothing is asked: most pods.
+
+    With the pod's ``requests``, a pod that asks for no extended resource and whose containers
+    do not all set cpu and memory limits (so it cannot be Guaranteed) is answered without
+    reading a container again: most pods, at every pod event and decision."""
+    if requests is not None and not _may_ask_a_hint(spec, requests):
+        return ()
     units = container_units(spec)
     return units if any(not u.empty for u in units) else ()
+
+
+def _may_ask_a_hint(spec: Mapping[str, Any], requests: Mapping[str, int]) -> bool:
+    # Plain loops: this runs for every pod event, and generators cost more than the test.
+    for name, amount in requests.items():
+        if amount > 0 and is_extended_resource(name):
+            return True
+    for key in ("containers", "initContainers"):
+        for container in containers(spec, key):
+            if not _limits_cpu_and_memory(container):
+                return False
+    return True
+
+
+def _limits_cpu_and_memory(container: Mapping[str, Any]) -> bool:
+    resources = container.get("resources")
+    limits = resources.get("limits") if isinstance(resources, Mapping) else None
+    return isinstance(limits, Mapping) and CPU in limits and "memory" in limits
 
 
 def container_units(spec: Mapping[str, Any]) -> Footprint:
