@@ -12,15 +12,17 @@ from __future__ import annotations
 import ast
 import copy
 import re
+import time
 from pathlib import Path
 
 import pytest
 
 from tests.helpers.cluster import deploy
-from tests.helpers.cluster.box import Box, Setting
+from tests.helpers.cluster.box import WANTED, Box, Setting
 from tests.helpers.cluster.controllers import VOLCANO_JOBS
+from tests.helpers.cluster.numa import CpuManager, Exporter
 from tests.helpers.cluster.routes import shipped_routes, without
-from tests.helpers.cluster.scenarios import GPU, node, pod_spec, run
+from tests.helpers.cluster.scenarios import GPU, guaranteed_spec, node, pod_spec, run
 from tests.helpers.cluster.webhooks import Attributes, _rule_matches
 from tests.helpers.paths import TESTS
 
@@ -159,6 +161,28 @@ def test_guard_outage_leaks_under_failure_policy_ignore_then_recovers(rendered):
     assert any('failed calling webhook "pinned-templates.admit-guard.io"' in m for m in guarded.refused)
 
 
+@needs_kubectl
+def test_topology_storm(rendered):
+    """Pods that fit every node in total but no one NUMA zone: kube-scheduler binds them anyway,
+    the kubelet fails each and the ReplicaSet replaces it; the guard refuses those binds."""
+    none, guarded = _both("topology-storm", rendered)
+    assert {p["status"]["reason"] for p in none.failed()} == {"TopologyAffinityError"}
+    assert {p["status"]["message"] for p in none.failed()} == {
+        "Pod was rejected: Resources cannot be allocated with Topology locality"
+    }
+    assert len(none.failed()) >= 3  # the two that fit no zone failed, and so did replacements
+    _calm(guarded)
+    assert len(guarded.running()) == 1  # the one pod a zone has room for
+    pending = [p for p in guarded.pods if WANTED in p["metadata"]["labels"] and not p["spec"].get("nodeName")]
+    assert len(pending) == 2 and guarded.counts["binds_denied"] >= 2
+    for pod in pending:
+        [condition] = pod["status"]["conditions"]
+        assert (
+            "TopologyAffinityError: Resources cannot be allocated with Topology locality"
+            in condition["message"]
+        )
+
+
 def _storm_back(outcome) -> None:
     assert len(outcome.failed()) >= 20
 
@@ -225,3 +249,46 @@ def test_the_batch_scheduler_binds_a_gang_all_or_nothing(tmp_path):
     # 1/3 once the scheduler's cache holds all three; under load it may first judge fewer.
     assert re.fullmatch(r"pod group is not ready, \d/[23] tasks in gang unschedulable", condition["message"])
     assert {pods[f"gang-b-worker-{i}"]["spec"]["nodeName"] for i in range(2)} == {"gpu-b1", "gpu-b2"}
+
+
+def _numa_pod(uid: str, cpu: str, init: str | None = None, guaranteed: bool = True) -> dict:
+    spec = guaranteed_spec(0)
+    amounts = {"cpu": cpu, "memory": "1Gi"}
+    spec["containers"][0]["resources"] = {"requests": amounts, "limits": amounts if guaranteed else {}}
+    if init:
+        init_amounts = {"cpu": init, "memory": "1Gi"}
+        spec["initContainers"] = [{"name": "init", "resources": {"requests": init_amounts,
+                                                                 "limits": init_amounts}}]  # fmt: skip
+    return {"metadata": {"uid": uid}, "spec": spec}
+
+
+def test_the_box_kubelet_refuses_exclusive_cpus_that_fit_the_node_but_no_one_zone():
+    cpus = CpuManager([4, 4])
+    assert cpus.admit(_numa_pod("a", "3")) is None and cpus.free() == [1, 4]  # the lowest zone with room
+    assert cpus.admit(_numa_pod("b", "3")) is None and cpus.free() == [1, 1]
+    assert cpus.admit(_numa_pod("c", "2")) == "Resources cannot be allocated with Topology locality"
+    assert cpus.admit(_numa_pod("d", "2", guaranteed=False)) is None  # shared pool: no hint, no zone
+    assert cpus.admit(_numa_pod("e", "1500m")) is None and cpus.free() == [1, 1]  # not whole CPUs: shared
+    assert CpuManager([4, 4]).admit(_numa_pod("f", "5")) is not None  # wider than any zone
+
+
+def test_the_box_kubelet_lets_app_containers_reuse_what_an_init_container_held():
+    cpus = CpuManager([4, 4])
+    assert cpus.admit(_numa_pod("a", "2", init="3")) is None
+    assert cpus.free() == [2, 4]  # the app reused two of the init container's three, one went back
+
+
+def test_the_exporter_publishes_a_zone_change_only_after_its_lag():
+    cpus = CpuManager([4, 4])
+    exporter = Exporter("numa-1", cpus, lag=0.2)
+    assert [z["resources"][0]["available"] for z in exporter.nrt()["zones"]] == ["4", "4"]
+    cpus.admit(_numa_pod("a", "3"))
+    assert exporter.due() is None  # the change is seen, not yet published
+    time.sleep(0.25)
+    nrt = exporter.due()
+    assert [z["resources"][0]["available"] for z in nrt["zones"]] == ["1", "4"]
+    assert {a["name"]: a["value"] for a in nrt["attributes"]} == {
+        "topologyManagerPolicy": "single-numa-node",
+        "topologyManagerScope": "container",
+    }
+    assert exporter.due() is None

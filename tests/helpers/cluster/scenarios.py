@@ -15,6 +15,11 @@ it (no webhooks), with the same seed.
 - ``guard-outage``: both replicas down (``failurePolicy: Ignore`` lets binds through: what
   leaks), then back: a second burst on other nodes must not leak. A pinned Deployment applied
   during the outage meets the one fail-closed webhook.
+- ``topology-storm``: nodes of two NUMA zones under ``single-numa-node``, an NRT each that the
+  exporter updates a second after a pod starts. A Deployment of Guaranteed pods that fit every
+  node in total but, on all nodes but one, no single zone: kube-scheduler cannot see zones and
+  binds them there, the kubelet fails each (``TopologyAffinityError``), the ReplicaSet replaces
+  it at once. The last node has room in one zone for one pod (and, by its total, for two).
 """
 
 from __future__ import annotations
@@ -66,6 +71,16 @@ def pod_spec(requests: dict[str, str], scheduler: str = "default-scheduler", **s
     resources = {"requests": requests, "limits": {k: v for k, v in requests.items() if k == GPU}}
     container = {"name": "app", "image": "registry.example/app:1", "resources": resources}
     return {"schedulerName": scheduler, "containers": [container], **spec}
+
+
+def guaranteed_spec(cpu: int, **spec: Any) -> dict[str, Any]:
+    """One container whose requests equal its limits, in whole CPUs: exclusive CPUs, aligned."""
+    amounts = {"cpu": str(cpu), "memory": "1Gi"}
+    resources = {"requests": amounts, "limits": dict(amounts)}
+    return {
+        "containers": [{"name": "app", "image": "registry.example/app:1", "resources": resources}],
+        **spec,
+    }
 
 
 def pod(
@@ -240,12 +255,35 @@ def dra_allocators(scale: Scale, lag: float) -> tuple[Setting, Callable[[Box], N
     return setting, play
 
 
+def topology_storm(scale: Scale, lag: float) -> tuple[Setting, Callable[[Box], None]]:
+    """Zones of 4 CPUs, pods of 3. The residents take, lowest zone first: 3 then 2 CPUs on the
+    full nodes (1 and 2 CPUs left: 3 in total, none in one zone); 2 on the last node (2 and 4:
+    one pod fits zone ``node-1``, two by the node's total)."""
+    nodes, pods, numa = [], [], {}
+    for i in range(1, scale.nodes + 1):
+        name = f"numa-{i}"
+        nodes.append(node(name, cpu="8"))
+        numa[name] = [4, 4]
+        for n, cpus in enumerate((2,) if i == scale.nodes else (3, 2)):
+            spec = guaranteed_spec(cpus, nodeName=name)
+            pods.append(pod(f"resident-{i}{'ab'[n]}", spec, wanted=False, phase="Running"))
+    setting = Setting(nodes, {}, pods=pods, schedulers=("default-scheduler",), scheduler_lag=lag,
+                      wanted=scale.replicas, numa=numa)  # fmt: skip
+
+    def play(box: Box) -> None:
+        box.create("deployments", deployment("numa", scale.replicas, guaranteed_spec(3)))
+        box.until(scale.seconds)
+
+    return setting, play
+
+
 SCENARIOS: dict[str, Callable[[Scale, float], tuple[Setting, Callable[[Box], None]]]] = {
     "nodename-storm": nodename_storm,
     "two-schedulers": two_schedulers,
     "dra-allocators": dra_allocators,
     "slow-apiserver": slow_apiserver,
     "guard-outage": guard_outage,
+    "topology-storm": topology_storm,
 }
 ARMS = ("guard", "none")
 
