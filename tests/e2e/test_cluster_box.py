@@ -13,6 +13,7 @@ import ast
 import copy
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ from tests.helpers.cluster.box import WANTED, Box, Setting
 from tests.helpers.cluster.controllers import VOLCANO_JOBS
 from tests.helpers.cluster.numa import CpuManager, Exporter
 from tests.helpers.cluster.routes import shipped_routes, without
-from tests.helpers.cluster.scenarios import GPU, guaranteed_spec, node, pod_spec, run
+from tests.helpers.cluster.scenarios import GPU, guaranteed_spec, node, pod_spec, run, run_both
 from tests.helpers.cluster.webhooks import Attributes, _rule_matches
 from tests.helpers.paths import TESTS
 
@@ -97,10 +98,6 @@ def rendered(tmp_path_factory):
     return deploy.render(tmp_path_factory.mktemp("rendered"))
 
 
-def _both(name: str, rendered, **kwargs):
-    return run(name, "none", **kwargs), run(name, "guard", rendered=rendered, **kwargs)
-
-
 def _calm(guarded) -> None:
     """With the guard: no pod failed, every wanted pod runs or says why it waits."""
     failed = [p["status"]["reason"] for p in guarded.failed()]
@@ -110,7 +107,7 @@ def _calm(guarded) -> None:
 
 @needs_kubectl
 def test_nodename_storm(rendered):
-    none, guarded = _both("nodename-storm", rendered)
+    none, guarded = run_both("nodename-storm", rendered=rendered)
     assert len(none.failed()) >= 20
     assert {p["status"]["reason"] for p in none.failed()} == {"OutOfcpu"}
     [burnt] = none.jobs  # the Job's pods each failed, up to its backoffLimit, then the Job
@@ -128,7 +125,7 @@ def test_nodename_storm(rendered):
 
 @needs_kubectl
 def test_two_schedulers(rendered):
-    none, guarded = _both("two-schedulers", rendered)
+    none, guarded = run_both("two-schedulers", rendered=rendered)
     assert none.unexpected_admission_errors() >= 1
     _calm(guarded)
     assert len(guarded.running()) == 3  # one GPU per node, each handed out once
@@ -136,7 +133,7 @@ def test_two_schedulers(rendered):
 
 @needs_kubectl
 def test_dra_allocators(rendered):
-    none, guarded = _both("dra-allocators", rendered)
+    none, guarded = run_both("dra-allocators", rendered=rendered)
     assert none.devices_twice() >= 1
     assert any(e["reason"] == "FailedPrepareDynamicResources" for e in none.events)
     _calm(guarded)
@@ -145,14 +142,14 @@ def test_dra_allocators(rendered):
 
 @needs_kubectl
 def test_slow_apiserver(rendered):
-    none, guarded = _both("slow-apiserver", rendered)
+    none, guarded = run_both("slow-apiserver", rendered=rendered)
     assert none.unexpected_admission_errors() >= 1
     _calm(guarded)
 
 
 @needs_kubectl
 def test_guard_outage_leaks_under_failure_policy_ignore_then_recovers(rendered):
-    none, guarded = _both("guard-outage", rendered)
+    none, guarded = run_both("guard-outage", rendered=rendered)
     assert none.phases["outage"]["UnexpectedAdmissionError"] >= 1
     assert none.phases["end"]["UnexpectedAdmissionError"] >= 1
     assert guarded.phases["outage"]["UnexpectedAdmissionError"] >= 1  # what leaks while it is down
@@ -165,7 +162,7 @@ def test_guard_outage_leaks_under_failure_policy_ignore_then_recovers(rendered):
 def test_topology_storm(rendered):
     """Pods that fit every node in total but no one NUMA zone: kube-scheduler binds them anyway,
     the kubelet fails each and the ReplicaSet replaces it; the guard refuses those binds."""
-    none, guarded = _both("topology-storm", rendered)
+    none, guarded = run_both("topology-storm", rendered=rendered)
     assert {p["status"]["reason"] for p in none.failed()} == {"TopologyAffinityError"}
     assert {p["status"]["message"] for p in none.failed()} == {
         "Pod was rejected: Resources cannot be allocated with Topology locality"
@@ -210,19 +207,42 @@ DROPPED = [
 ]
 
 
+def _dropped_id(case) -> str:
+    return f"{case[0]}-without-{case[2]}"
+
+
+@pytest.fixture(scope="module")
+def dropped_runs(rendered):
+    """Each case of ``DROPPED`` run with its route taken out, two boxes at a time (each with its
+    own store and guard), so that one's guard starts while the other's cluster runs: the
+    outcome, or what the run raised, by case id."""
+
+    def one(case):
+        scenario, webhook, resource, _ = case
+        [route] = [r for r in shipped_routes() if r.webhook == webhook and r.resource == resource]
+        broken = copy.deepcopy(rendered)
+        configurations = without(broken.webhook_configurations(), route)
+        broken.docs = [d for d in broken.docs if d not in broken.webhook_configurations()] + configurations
+        # A longer cache lag: every pod of a burst is created before either scheduler binds.
+        try:
+            return run(scenario, "guard", rendered=broken, lag_ms=2000)
+        except Exception as err:  # handed to the case's own test
+            return err
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(zip(map(_dropped_id, DROPPED), pool.map(one, DROPPED), strict=True))
+
+
 @needs_kubectl
 @pytest.mark.parametrize(
-    ("scenario", "webhook", "resource", "back"), DROPPED, ids=[f"{d[0]}-without-{d[2]}" for d in DROPPED]
+    ("scenario", "webhook", "resource", "back"), DROPPED, ids=[_dropped_id(c) for c in DROPPED]
 )
 def test_a_rule_dropped_from_the_rendered_configuration_lets_the_incident_back_in(
-    rendered, scenario, webhook, resource, back
+    dropped_runs, scenario, webhook, resource, back
 ):
-    [route] = [r for r in shipped_routes() if r.webhook == webhook and r.resource == resource]
-    broken = copy.deepcopy(rendered)
-    configurations = without(broken.webhook_configurations(), route)
-    broken.docs = [d for d in broken.docs if d not in broken.webhook_configurations()] + configurations
-    # A longer cache lag: every pod of a burst is created before either scheduler binds.
-    outcome = run(scenario, "guard", rendered=broken, lag_ms=2000)
+    outcome = dropped_runs[_dropped_id((scenario, webhook, resource, back))]
+    if isinstance(outcome, Exception):
+        raise outcome
     back(outcome)
 
 

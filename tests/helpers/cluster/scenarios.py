@@ -24,9 +24,11 @@ it (no webhooks), with the same seed.
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -289,19 +291,49 @@ ARMS = ("guard", "none")
 
 
 def run(
-    name: str, arm: str, *, seed: int = 1, scale: str = "small", lag_ms: float = 1000,
+    name: str, arm: str, *, seed: int = 1, scale: str | Scale = "small", lag_ms: float = 1000,
     rendered: Rendered | None = None, workdir: Path | None = None,
 ) -> Outcome:  # fmt: skip
     """One scenario, one arm. ``rendered``: the overlay to take the webhooks, TLS and config from
-    (rendered here when not given; a test may hand in a changed one)."""
-    setting, play = SCENARIOS[name](SCALES[scale], lag_ms / 1000)
+    (rendered here when not given; a test may hand in a changed one). ``scale``: a name of
+    ``SCALES`` or a ``Scale`` of a test's own."""
     with tempfile.TemporaryDirectory(prefix=f"box-{name}-") as tmp:
-        directory = workdir or Path(tmp)
-        if arm == "guard" and rendered is None:
-            rendered = render(directory)
-        config = enforcing(rendered.config()) if arm == "guard" else None
-        box = Box(setting, directory, seed, rendered if arm == "guard" else None, config)
-        with box:
-            play(box)
-            box.settle()
-            return box.outcome(name, arm)
+        box, play = _box(name, arm, seed, scale, lag_ms, rendered, workdir or Path(tmp))
+        return _play(box, play, name, arm)
+
+
+def run_both(
+    name: str, *, rendered: Rendered, seed: int = 1, scale: str | Scale = "small", lag_ms: float = 1000
+) -> tuple[Outcome, Outcome]:
+    """Both arms, same seed: (without the guard, with it). The guard's replicas start while the
+    arm without them runs, so a test waits for one of the two, not both; the guarded arm's
+    cluster starts only once they are ready, exactly as ``run`` starts it."""
+    with tempfile.TemporaryDirectory(prefix=f"box-{name}-") as tmp:
+        box, play = _box(name, "guard", seed, scale, lag_ms, rendered, Path(tmp))
+        assert box.guard is not None
+        with contextlib.ExitStack() as cleanup, ThreadPoolExecutor(max_workers=1) as pool:
+            cleanup.callback(box.__exit__, None, None, None)  # the guard stopped if the other arm fails
+            starting = pool.submit(box.guard.start)
+            cleanup.callback(starting.exception)  # never stop what is still starting
+            none = run(name, "none", seed=seed, scale=scale, lag_ms=lag_ms)
+            starting.result()
+            cleanup.pop_all()
+        return none, _play(box, play, name, "guard")
+
+
+def _box(
+    name: str, arm: str, seed: int, scale: str | Scale, lag_ms: float, rendered: Rendered | None,
+    directory: Path,
+) -> tuple[Box, Callable[[Box], None]]:  # fmt: skip
+    setting, play = SCENARIOS[name](SCALES[scale] if isinstance(scale, str) else scale, lag_ms / 1000)
+    if arm == "guard" and rendered is None:
+        rendered = render(directory)
+    config = enforcing(rendered.config()) if arm == "guard" else None
+    return Box(setting, directory, seed, rendered if arm == "guard" else None, config), play
+
+
+def _play(box: Box, play: Callable[[Box], None], name: str, arm: str) -> Outcome:
+    with box:
+        play(box)
+        box.settle()
+        return box.outcome(name, arm)
