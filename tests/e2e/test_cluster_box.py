@@ -12,15 +12,18 @@ from __future__ import annotations
 import ast
 import copy
 import re
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from tests.helpers.cluster import deploy
-from tests.helpers.cluster.box import Box, Setting
+from tests.helpers.cluster.box import WANTED, Box, Setting
 from tests.helpers.cluster.controllers import VOLCANO_JOBS
+from tests.helpers.cluster.numa import CpuManager, Exporter
 from tests.helpers.cluster.routes import shipped_routes, without
-from tests.helpers.cluster.scenarios import GPU, node, pod_spec, run
+from tests.helpers.cluster.scenarios import GPU, guaranteed_spec, node, pod_spec, run, run_both
 from tests.helpers.cluster.webhooks import Attributes, _rule_matches
 from tests.helpers.paths import TESTS
 
@@ -95,10 +98,6 @@ def rendered(tmp_path_factory):
     return deploy.render(tmp_path_factory.mktemp("rendered"))
 
 
-def _both(name: str, rendered, **kwargs):
-    return run(name, "none", **kwargs), run(name, "guard", rendered=rendered, **kwargs)
-
-
 def _calm(guarded) -> None:
     """With the guard: no pod failed, every wanted pod runs or says why it waits."""
     failed = [p["status"]["reason"] for p in guarded.failed()]
@@ -108,7 +107,7 @@ def _calm(guarded) -> None:
 
 @needs_kubectl
 def test_nodename_storm(rendered):
-    none, guarded = _both("nodename-storm", rendered)
+    none, guarded = run_both("nodename-storm", rendered=rendered)
     assert len(none.failed()) >= 20
     assert {p["status"]["reason"] for p in none.failed()} == {"OutOfcpu"}
     [burnt] = none.jobs  # the Job's pods each failed, up to its backoffLimit, then the Job
@@ -126,7 +125,7 @@ def test_nodename_storm(rendered):
 
 @needs_kubectl
 def test_two_schedulers(rendered):
-    none, guarded = _both("two-schedulers", rendered)
+    none, guarded = run_both("two-schedulers", rendered=rendered)
     assert none.unexpected_admission_errors() >= 1
     _calm(guarded)
     assert len(guarded.running()) == 3  # one GPU per node, each handed out once
@@ -134,7 +133,7 @@ def test_two_schedulers(rendered):
 
 @needs_kubectl
 def test_dra_allocators(rendered):
-    none, guarded = _both("dra-allocators", rendered)
+    none, guarded = run_both("dra-allocators", rendered=rendered)
     assert none.devices_twice() >= 1
     assert any(e["reason"] == "FailedPrepareDynamicResources" for e in none.events)
     _calm(guarded)
@@ -143,20 +142,42 @@ def test_dra_allocators(rendered):
 
 @needs_kubectl
 def test_slow_apiserver(rendered):
-    none, guarded = _both("slow-apiserver", rendered)
+    none, guarded = run_both("slow-apiserver", rendered=rendered)
     assert none.unexpected_admission_errors() >= 1
     _calm(guarded)
 
 
 @needs_kubectl
 def test_guard_outage_leaks_under_failure_policy_ignore_then_recovers(rendered):
-    none, guarded = _both("guard-outage", rendered)
+    none, guarded = run_both("guard-outage", rendered=rendered)
     assert none.phases["outage"]["UnexpectedAdmissionError"] >= 1
     assert none.phases["end"]["UnexpectedAdmissionError"] >= 1
     assert guarded.phases["outage"]["UnexpectedAdmissionError"] >= 1  # what leaks while it is down
     assert guarded.phases["end"]["UnexpectedAdmissionError"] == 0  # and it recovers
     # The one fail-closed webhook refuses a pinned template while no replica answers.
     assert any('failed calling webhook "pinned-templates.admit-guard.io"' in m for m in guarded.refused)
+
+
+@needs_kubectl
+def test_topology_storm(rendered):
+    """Pods that fit every node in total but no one NUMA zone: kube-scheduler binds them anyway,
+    the kubelet fails each and the ReplicaSet replaces it; the guard refuses those binds."""
+    none, guarded = run_both("topology-storm", rendered=rendered)
+    assert {p["status"]["reason"] for p in none.failed()} == {"TopologyAffinityError"}
+    assert {p["status"]["message"] for p in none.failed()} == {
+        "Pod was rejected: Resources cannot be allocated with Topology locality"
+    }
+    assert len(none.failed()) >= 3  # the two that fit no zone failed, and so did replacements
+    _calm(guarded)
+    assert len(guarded.running()) == 1  # the one pod a zone has room for
+    pending = [p for p in guarded.pods if WANTED in p["metadata"]["labels"] and not p["spec"].get("nodeName")]
+    assert len(pending) == 2 and guarded.counts["binds_denied"] >= 2
+    for pod in pending:
+        [condition] = pod["status"]["conditions"]
+        assert (
+            "TopologyAffinityError: Resources cannot be allocated with Topology locality"
+            in condition["message"]
+        )
 
 
 def _storm_back(outcome) -> None:
@@ -186,19 +207,42 @@ DROPPED = [
 ]
 
 
+def _dropped_id(case) -> str:
+    return f"{case[0]}-without-{case[2]}"
+
+
+@pytest.fixture(scope="module")
+def dropped_runs(rendered):
+    """Each case of ``DROPPED`` run with its route taken out, two boxes at a time (each with its
+    own store and guard), so that one's guard starts while the other's cluster runs: the
+    outcome, or what the run raised, by case id."""
+
+    def one(case):
+        scenario, webhook, resource, _ = case
+        [route] = [r for r in shipped_routes() if r.webhook == webhook and r.resource == resource]
+        broken = copy.deepcopy(rendered)
+        configurations = without(broken.webhook_configurations(), route)
+        broken.docs = [d for d in broken.docs if d not in broken.webhook_configurations()] + configurations
+        # A longer cache lag: every pod of a burst is created before either scheduler binds.
+        try:
+            return run(scenario, "guard", rendered=broken, lag_ms=2000)
+        except Exception as err:  # handed to the case's own test
+            return err
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(zip(map(_dropped_id, DROPPED), pool.map(one, DROPPED), strict=True))
+
+
 @needs_kubectl
 @pytest.mark.parametrize(
-    ("scenario", "webhook", "resource", "back"), DROPPED, ids=[f"{d[0]}-without-{d[2]}" for d in DROPPED]
+    ("scenario", "webhook", "resource", "back"), DROPPED, ids=[_dropped_id(c) for c in DROPPED]
 )
 def test_a_rule_dropped_from_the_rendered_configuration_lets_the_incident_back_in(
-    rendered, scenario, webhook, resource, back
+    dropped_runs, scenario, webhook, resource, back
 ):
-    [route] = [r for r in shipped_routes() if r.webhook == webhook and r.resource == resource]
-    broken = copy.deepcopy(rendered)
-    configurations = without(broken.webhook_configurations(), route)
-    broken.docs = [d for d in broken.docs if d not in broken.webhook_configurations()] + configurations
-    # A longer cache lag: every pod of a burst is created before either scheduler binds.
-    outcome = run(scenario, "guard", rendered=broken, lag_ms=2000)
+    outcome = dropped_runs[_dropped_id((scenario, webhook, resource, back))]
+    if isinstance(outcome, Exception):
+        raise outcome
     back(outcome)
 
 
@@ -226,3 +270,46 @@ def test_the_batch_scheduler_binds_a_gang_all_or_nothing(tmp_path):
     # cache holds fewer (0/1, 1/2): still not ready, never bound.
     assert re.fullmatch(r"pod group is not ready, \d/[123] tasks in gang unschedulable", condition["message"])
     assert {pods[f"gang-b-worker-{i}"]["spec"]["nodeName"] for i in range(2)} == {"gpu-b1", "gpu-b2"}
+
+
+def _numa_pod(uid: str, cpu: str, init: str | None = None, guaranteed: bool = True) -> dict:
+    spec = guaranteed_spec(0)
+    amounts = {"cpu": cpu, "memory": "1Gi"}
+    spec["containers"][0]["resources"] = {"requests": amounts, "limits": amounts if guaranteed else {}}
+    if init:
+        init_amounts = {"cpu": init, "memory": "1Gi"}
+        spec["initContainers"] = [{"name": "init", "resources": {"requests": init_amounts,
+                                                                 "limits": init_amounts}}]  # fmt: skip
+    return {"metadata": {"uid": uid}, "spec": spec}
+
+
+def test_the_box_kubelet_refuses_exclusive_cpus_that_fit_the_node_but_no_one_zone():
+    cpus = CpuManager([4, 4])
+    assert cpus.admit(_numa_pod("a", "3")) is None and cpus.free() == [1, 4]  # the lowest zone with room
+    assert cpus.admit(_numa_pod("b", "3")) is None and cpus.free() == [1, 1]
+    assert cpus.admit(_numa_pod("c", "2")) == "Resources cannot be allocated with Topology locality"
+    assert cpus.admit(_numa_pod("d", "2", guaranteed=False)) is None  # shared pool: no hint, no zone
+    assert cpus.admit(_numa_pod("e", "1500m")) is None and cpus.free() == [1, 1]  # not whole CPUs: shared
+    assert CpuManager([4, 4]).admit(_numa_pod("f", "5")) is not None  # wider than any zone
+
+
+def test_the_box_kubelet_lets_app_containers_reuse_what_an_init_container_held():
+    cpus = CpuManager([4, 4])
+    assert cpus.admit(_numa_pod("a", "2", init="3")) is None
+    assert cpus.free() == [2, 4]  # the app reused two of the init container's three, one went back
+
+
+def test_the_exporter_publishes_a_zone_change_only_after_its_lag():
+    cpus = CpuManager([4, 4])
+    exporter = Exporter("numa-1", cpus, lag=0.2)
+    assert [z["resources"][0]["available"] for z in exporter.nrt()["zones"]] == ["4", "4"]
+    cpus.admit(_numa_pod("a", "3"))
+    assert exporter.due() is None  # the change is seen, not yet published
+    time.sleep(0.25)
+    nrt = exporter.due()
+    assert [z["resources"][0]["available"] for z in nrt["zones"]] == ["1", "4"]
+    assert {a["name"]: a["value"] for a in nrt["attributes"]} == {
+        "topologyManagerPolicy": "single-numa-node",
+        "topologyManagerScope": "container",
+    }
+    assert exporter.due() is None

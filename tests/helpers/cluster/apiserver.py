@@ -58,6 +58,8 @@ RESOURCES = {
     "resourceclaims": Resource("resource.k8s.io", "v1", "ResourceClaim"),
     "resourceslices": Resource("resource.k8s.io", "v1", "ResourceSlice", namespaced=False),
     "deviceclasses": Resource("resource.k8s.io", "v1", "DeviceClass", namespaced=False),
+    # A CRD of NFD's topology-updater: one per node, listed and watched by the guard's informer.
+    "noderesourcetopologies": Resource("topology.node.k8s.io", "v1alpha2", "NodeResourceTopology", False),
 }
 # What the fake server does not list for the informer, kept in the same store.
 EXTRA = ("deployments", "replicasets", "statefulsets", "daemonsets", "jobs", "cronjobs",
@@ -67,8 +69,9 @@ NAME_LABEL = "kubernetes.io/metadata.name"  # set on every namespace by the API 
 
 
 def fresh_cluster(watch_lag: float) -> Cluster:
-    """A store for the box: DRA served, bookmarks often, every watch ``watch_lag`` late."""
-    cluster = Cluster(bookmark_every=0.2, serves_dra=True, watch_lag=watch_lag)
+    """A store for the box: DRA and NodeResourceTopologies served, bookmarks often, every watch
+    ``watch_lag`` late."""
+    cluster = Cluster(bookmark_every=0.2, serves_dra=True, serves_topologies=True, watch_lag=watch_lag)
     for resource in EXTRA:
         keep(cluster, resource)
     return cluster

@@ -33,11 +33,14 @@ from .dra import DraDriver
 from .guard import Guard
 from .kubelet import UNEXPECTED, Kubelet
 from .loop import Loop
+from .numa import NRT, Exporter
 from .scheduler import Scheduler
 from .webhooks import Denied, Dispatcher
 
 WANTED = "box.admit-guard.io/wanted"  # the label of the pods a scenario wants running
 USER = {"username": "jane", "groups": ["system:authenticated"]}
+EXPORTER = {"username": "system:serviceaccount:node-feature-discovery:nfd-topology-updater",
+            "groups": ["system:serviceaccounts", "system:authenticated"]}  # fmt: skip
 POD_LIMIT = 3000  # the most pods a box ever creates: a storm is bounded in count as in time
 # The Job controller's pod-failure backoff (10 s doubling to 6 min upstream), compressed so a
 # Job burns its backoffLimit within a small scenario's seconds.
@@ -60,6 +63,8 @@ class Setting:
     scheduler_lag: float = 0.3
     lease_delay: float = 0.0
     wanted: int = 0
+    numa: dict[str, list[int]] = field(default_factory=dict)  # node → CPUs per NUMA zone (an NRT each)
+    exporter_lag: float = 1.0  # how long after a pod starts its node's NRT says so
 
 
 @dataclass
@@ -182,11 +187,13 @@ class Box:
                         for s in setting.slices}  # fmt: skip
         self.kubelets = [
             Kubelet(node, self.api, setting.watch_lag, setting.devices.get(node["metadata"]["name"], {}),
-                    self.drivers.get(node["metadata"]["name"]))
+                    self.drivers.get(node["metadata"]["name"]), setting.numa.get(node["metadata"]["name"]))
             for node in setting.nodes
         ]  # fmt: skip
         for kubelet in self.kubelets:
             kubelet.adopt(setting.pods)
+        self.exporters = [Exporter(k.name, k.cpus, setting.exporter_lag) for k in self.kubelets if k.cpus]
+        self.api.load(NRT, [exporter.nrt() for exporter in self.exporters])
         for held in setting.claims:  # the claims of running pods were prepared on their nodes
             allocation = (held.get("status") or {}).get("allocation")
             if allocation:
@@ -208,6 +215,7 @@ class Box:
             Loop("volcano-job-controller", GangController(self.api).step),
             *(Loop(f"scheduler-{s.name}", s.step) for s in self.schedulers),
             *(Loop(f"kubelet-{k.name}", k.step) for k in self.kubelets),
+            Loop("nfd-topology-updater", self._export, tick=0.05),
         ]
         self.started = time.monotonic()
         for loop in self.loops:
@@ -224,6 +232,14 @@ class Box:
             if self.guard is not None:
                 self.guard.stop()
             self.server.close()
+
+    def _export(self) -> None:
+        """Each exporter's NRT, written when due (an Update, not admitted by these webhooks)."""
+        for exporter in self.exporters:
+            nrt = exporter.due()
+            if nrt is not None:
+                current = self.api.get(NRT, "", exporter.node)
+                self.api.update(NRT, {**nrt, "metadata": current["metadata"]}, EXPORTER)
 
     def create(self, resource: str, obj: dict[str, Any]) -> None:
         """The scenario's own write (a person's ``kubectl apply``); a refusal is kept as its reason."""

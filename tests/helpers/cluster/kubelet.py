@@ -7,6 +7,8 @@ Upstream (``pkg/kubelet/``):
   container manager's resource allocator (topology manager → device manager ``Allocate``),
   then the predicate handler (``lifecycle/predicate.go``). Eviction and sysctls never reject
   in the box (no pressure, no sysctls); the other two are here;
+- ``cm/topologymanager``: on a node with NUMA zones, the ``single-numa-node`` policy refuses a
+  Guaranteed pod whose exclusive CPUs fit no one zone (``TopologyAffinityError``, ``numa.py``);
 - ``cm/devicemanager/manager.go`` ``devicesToAllocate``: the free devices are the healthy ones
   minus those allocated to active pods; too few is ``requested number of devices unavailable
   for <resource>. Requested: N, Available: M``, which ``cm/admission/errors.go`` turns into the
@@ -32,6 +34,7 @@ from .apiserver import ApiDouble
 from .cache import Cache
 from .dra import DraDriver, PrepareError
 from .kube import POD_SLOT, allocatable, is_active, pod_requests
+from .numa import TOPOLOGY_AFFINITY, CpuManager
 from .webhooks import Denied
 
 UNEXPECTED = "UnexpectedAdmissionError"
@@ -41,9 +44,10 @@ SYNC_BACKOFF = 10.0  # pod_workers.go backOffPeriod: a pod whose sync failed is 
 class Kubelet:
     def __init__(
         self, node: dict[str, Any], api: ApiDouble, lag: float, devices: dict[str, list[str]],
-        driver: DraDriver | None = None,
+        driver: DraDriver | None = None, zones: list[int] | None = None,
     ) -> None:  # fmt: skip
         self.node, self.api, self.driver = node, api, driver
+        self.cpus = CpuManager(zones) if zones else None  # None: no NUMA zones, topology manager off
         self.name = node["metadata"]["name"]
         self.user = {"username": f"system:node:{self.name}", "groups": ["system:nodes"]}
         self.cache = Cache(api.cluster, ("pods",), lag)
@@ -60,6 +64,8 @@ class Kubelet:
         """The pods already running here when the box starts: admitted, their devices held."""
         for pod in pods:
             if pod["spec"].get("nodeName") == self.name and is_active(pod):
+                if self.cpus is not None and self.cpus.admit(pod):
+                    raise ValueError(f"{pod['metadata']['name']}: its CPUs fit no NUMA zone of {self.name}")
                 self._admit(pod)
                 self.handled.add(pod["metadata"]["uid"])
 
@@ -73,7 +79,7 @@ class Kubelet:
         )  # fmt: skip
         for pod in arrived:
             self.handled.add(pod["metadata"]["uid"])
-            rejected = self._allocate(pod) or self._predicates(pod)
+            rejected = self._topology(pod) or self._allocate(pod) or self._predicates(pod)
             if rejected:
                 self._reject(pod, *rejected)
                 continue
@@ -94,6 +100,10 @@ class Kubelet:
                 self.running_at[uid] = time.monotonic()
 
     # -- admission, in the kubelet's order ------------------------------------------------------
+
+    def _topology(self, pod: dict[str, Any]) -> tuple[str, str] | None:
+        refused = self.cpus.admit(pod) if self.cpus is not None else None
+        return (TOPOLOGY_AFFINITY, refused) if refused else None
 
     def _allocate(self, pod: dict[str, Any]) -> tuple[str, str] | None:
         requests = pod_requests(pod)
@@ -140,6 +150,8 @@ class Kubelet:
 
     def _reject(self, pod: dict[str, Any], reason: str, message: str) -> None:
         self.rejections[reason] += 1
+        if self.cpus is not None:  # a later handler refused it: its CPUs go back to the pool
+            self.cpus.held.pop(pod["metadata"]["uid"], None)
         self._set_status(
             pod, {"phase": "Failed", "reason": reason, "message": f"Pod was rejected: {message}"}
         )

@@ -15,13 +15,20 @@ it (no webhooks), with the same seed.
 - ``guard-outage``: both replicas down (``failurePolicy: Ignore`` lets binds through: what
   leaks), then back: a second burst on other nodes must not leak. A pinned Deployment applied
   during the outage meets the one fail-closed webhook.
+- ``topology-storm``: nodes of two NUMA zones under ``single-numa-node``, an NRT each that the
+  exporter updates a second after a pod starts. A Deployment of Guaranteed pods that fit every
+  node in total but, on all nodes but one, no single zone: kube-scheduler cannot see zones and
+  binds them there, the kubelet fails each (``TopologyAffinityError``), the ReplicaSet replaces
+  it at once. The last node has room in one zone for one pod (and, by its total, for two).
 """
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,6 +73,16 @@ def pod_spec(requests: dict[str, str], scheduler: str = "default-scheduler", **s
     resources = {"requests": requests, "limits": {k: v for k, v in requests.items() if k == GPU}}
     container = {"name": "app", "image": "registry.example/app:1", "resources": resources}
     return {"schedulerName": scheduler, "containers": [container], **spec}
+
+
+def guaranteed_spec(cpu: int, **spec: Any) -> dict[str, Any]:
+    """One container whose requests equal its limits, in whole CPUs: exclusive CPUs, aligned."""
+    amounts = {"cpu": str(cpu), "memory": "1Gi"}
+    resources = {"requests": amounts, "limits": dict(amounts)}
+    return {
+        "containers": [{"name": "app", "image": "registry.example/app:1", "resources": resources}],
+        **spec,
+    }
 
 
 def pod(
@@ -240,30 +257,83 @@ def dra_allocators(scale: Scale, lag: float) -> tuple[Setting, Callable[[Box], N
     return setting, play
 
 
+def topology_storm(scale: Scale, lag: float) -> tuple[Setting, Callable[[Box], None]]:
+    """Zones of 4 CPUs, pods of 3. The residents take, lowest zone first: 3 then 2 CPUs on the
+    full nodes (1 and 2 CPUs left: 3 in total, none in one zone); 2 on the last node (2 and 4:
+    one pod fits zone ``node-1``, two by the node's total)."""
+    nodes, pods, numa = [], [], {}
+    for i in range(1, scale.nodes + 1):
+        name = f"numa-{i}"
+        nodes.append(node(name, cpu="8"))
+        numa[name] = [4, 4]
+        for n, cpus in enumerate((2,) if i == scale.nodes else (3, 2)):
+            spec = guaranteed_spec(cpus, nodeName=name)
+            pods.append(pod(f"resident-{i}{'ab'[n]}", spec, wanted=False, phase="Running"))
+    setting = Setting(nodes, {}, pods=pods, schedulers=("default-scheduler",), scheduler_lag=lag,
+                      wanted=scale.replicas, numa=numa)  # fmt: skip
+
+    def play(box: Box) -> None:
+        box.create("deployments", deployment("numa", scale.replicas, guaranteed_spec(3)))
+        box.until(scale.seconds)
+
+    return setting, play
+
+
 SCENARIOS: dict[str, Callable[[Scale, float], tuple[Setting, Callable[[Box], None]]]] = {
     "nodename-storm": nodename_storm,
     "two-schedulers": two_schedulers,
     "dra-allocators": dra_allocators,
     "slow-apiserver": slow_apiserver,
     "guard-outage": guard_outage,
+    "topology-storm": topology_storm,
 }
 ARMS = ("guard", "none")
 
 
 def run(
-    name: str, arm: str, *, seed: int = 1, scale: str = "small", lag_ms: float = 1000,
+    name: str, arm: str, *, seed: int = 1, scale: str | Scale = "small", lag_ms: float = 1000,
     rendered: Rendered | None = None, workdir: Path | None = None,
 ) -> Outcome:  # fmt: skip
     """One scenario, one arm. ``rendered``: the overlay to take the webhooks, TLS and config from
-    (rendered here when not given; a test may hand in a changed one)."""
-    setting, play = SCENARIOS[name](SCALES[scale], lag_ms / 1000)
+    (rendered here when not given; a test may hand in a changed one). ``scale``: a name of
+    ``SCALES`` or a ``Scale`` of a test's own."""
     with tempfile.TemporaryDirectory(prefix=f"box-{name}-") as tmp:
-        directory = workdir or Path(tmp)
-        if arm == "guard" and rendered is None:
-            rendered = render(directory)
-        config = enforcing(rendered.config()) if arm == "guard" else None
-        box = Box(setting, directory, seed, rendered if arm == "guard" else None, config)
-        with box:
-            play(box)
-            box.settle()
-            return box.outcome(name, arm)
+        box, play = _box(name, arm, seed, scale, lag_ms, rendered, workdir or Path(tmp))
+        return _play(box, play, name, arm)
+
+
+def run_both(
+    name: str, *, rendered: Rendered, seed: int = 1, scale: str | Scale = "small", lag_ms: float = 1000
+) -> tuple[Outcome, Outcome]:
+    """Both arms, same seed: (without the guard, with it). The guard's replicas start while the
+    arm without them runs, so a test waits for one of the two, not both; the guarded arm's
+    cluster starts only once they are ready, exactly as ``run`` starts it."""
+    with tempfile.TemporaryDirectory(prefix=f"box-{name}-") as tmp:
+        box, play = _box(name, "guard", seed, scale, lag_ms, rendered, Path(tmp))
+        assert box.guard is not None
+        with contextlib.ExitStack() as cleanup, ThreadPoolExecutor(max_workers=1) as pool:
+            cleanup.callback(box.__exit__, None, None, None)  # the guard stopped if the other arm fails
+            starting = pool.submit(box.guard.start)
+            cleanup.callback(starting.exception)  # never stop what is still starting
+            none = run(name, "none", seed=seed, scale=scale, lag_ms=lag_ms)
+            starting.result()
+            cleanup.pop_all()
+        return none, _play(box, play, name, "guard")
+
+
+def _box(
+    name: str, arm: str, seed: int, scale: str | Scale, lag_ms: float, rendered: Rendered | None,
+    directory: Path,
+) -> tuple[Box, Callable[[Box], None]]:  # fmt: skip
+    setting, play = SCENARIOS[name](SCALES[scale] if isinstance(scale, str) else scale, lag_ms / 1000)
+    if arm == "guard" and rendered is None:
+        rendered = render(directory)
+    config = enforcing(rendered.config()) if arm == "guard" else None
+    return Box(setting, directory, seed, rendered if arm == "guard" else None, config), play
+
+
+def _play(box: Box, play: Callable[[Box], None], name: str, arm: str) -> Outcome:
+    with box:
+        play(box)
+        box.settle()
+        return box.outcome(name, arm)
