@@ -56,11 +56,7 @@ def route(req: AdmissionRequest) -> Routed:
     if is_binding(req):
         return Routed(req, BIND, binding_target(req))
     obj = req.obj
-    if (
-        is_claim_status(req)
-        and obj is not None
-        and is_allocation_write(obj, req.old_obj, req.operation)
-    ):
+    if is_claim_status(req) and obj is not None and is_allocation_write(obj, req.old_obj, req.operation):
         return Routed(req, ALLOCATION)
     return Routed(req, OBJECT)
 

@@ -22,7 +22,6 @@ METHOD_ALL = "all"
 METHOD_WITH_EXCLUSIVE_RESOURCES = "with-exclusive-resources"
 
 
-
 def xxh64(data: bytes, seed: int = 0) -> int:
     """XXH64 of ``data``, as ``OneOfOne/xxhash.Checksum64S`` computes it. The xxhash library's C
     code: a transcription in Python cost ~10 µs a pod, and every bound pod is hashed."""

@@ -69,33 +69,7 @@ AUDITS = (OVERCOMMITTED, TOPOLOGY_REJECTED, STALE_TOPOLOGY)
 AUDIT_READS = {OVERCOMMITTED: PODS, TOPOLOGY_REJECTED: FAILED_PODS, STALE_TOPOLOGY: PODS}
 
 
-
-
-
-
-
-
-
-
-
-
-
-
 Settings = NodeAdmissionConfig
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 def check(review: Review, context: Context) -> list[Finding]:
