@@ -333,8 +333,7 @@ class Informer:
                     resource_version = self._list(kind)
                     relists.listed(time.monotonic())
                     self._synced.add(kind.name)
-                    if self.synced:  # from here on, a pod seen bound is newer than its node's NRT
-                        self.state.topology_age_known = True
+                    self._know_topology_age()
                     self._failures[kind.name] = 0
                 resource_version = self._watch(kind, resource_version)
             except Exception as err:
@@ -354,11 +353,20 @@ class Informer:
                     log.warning("watch %s: %s; retrying in %.1f s", kind.name, err, delay)
                 self._stop.wait(delay)
 
+    def _know_topology_age(self) -> None:
+        """Once synced, a pod seen bound from here on is newer than its node's NRT
+        (``ClusterState.topology_age_known``). Whichever settles the last required kind says so:
+        its list, or an optional kind found unserved after the others were listed (else the
+        state would take every later bind as counted by an NRT that never saw it)."""
+        if self.synced:
+            self.state.topology_age_known = True
+
     def _skip(self, kind: _Kind) -> None:
         """Stop waiting for a resource the cluster does not serve, and forget what it held (a
         404 after a list means the API server came back without it)."""
         log.info("the cluster does not serve %s: %s", RESOURCES[kind.name], kind.unserved)
         self._required = self._required - {kind.name}
+        self._know_topology_age()
         self._heard.pop(kind.name, None)
         with self.lock:
             for key in kind.present():
