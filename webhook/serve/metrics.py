@@ -5,6 +5,12 @@ imported), every worker writes its samples to files there and a scrape of any wo
 aggregates all of them. Without it (tests, embedding), the metrics live in the app's own
 registry. Gauges carry labels or are written only by workers, never by the gunicorn master:
 a master's sample would linger in the aggregate forever.
+
+A review's own samples (``count_request``: its count and latency) are found by one lookup of
+its labels as the review gave them, remembered for the closed sets' labels only; mapping them
+onto the closed sets and looking two children up on every review was half of the 9 µs that
+call cost (measured in-process, issue 31). The samples themselves are still written by
+``prometheus_client``.
 """
 
 from __future__ import annotations
