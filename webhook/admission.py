@@ -434,9 +434,10 @@ def _generated_name(obj: Mapping[str, Any] | None) -> str:
 
 def _string(data: Mapping[str, Any], key: str, where: str | None = None, *, required: bool = False) -> str:
     value = data.get(key)
-    where = where or f"request.{key}"
+    if value.__class__ is str and (value or not required):
+        return value  # the API server's case, decided first: nine fields a review
     if value is None and not required:
         return ""
     if not isinstance(value, str) or (required and not value):
-        raise ReviewError(f"{where}: missing or not a string")
+        raise ReviewError(f"{where or f'request.{key}'}: missing or not a string")
     return value

@@ -20,7 +20,6 @@ I/O lives here (the reservation stores); the checks are the policies' pure ones.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
 
@@ -45,6 +44,7 @@ from .coordination.transaction import (
     Transaction,
 )
 from .engine import Decision, apply_finding
+from .kube.errors import MAPPING
 from .kube.numa import REFUSING_POLICIES
 from .policies import Bind, Context, Finding, Mode
 from .policies.registry import BIND_COORDINATOR, BIND_POLICIES
@@ -82,9 +82,9 @@ def binding_target(req: AdmissionRequest) -> BindingTarget:
     obj = req.obj or {}
     metadata = obj.get("metadata")
     target = obj.get("target")
-    if not isinstance(metadata, Mapping):
+    if not isinstance(metadata, MAPPING):
         raise ReviewError("request.object.metadata: missing or not an object (a Binding)")
-    if not isinstance(target, Mapping) or not isinstance(target.get("name"), str) or not target["name"]:
+    if not isinstance(target, MAPPING) or not isinstance(target.get("name"), str) or not target["name"]:
         raise ReviewError("request.object.target.name: missing (a Binding names its node)")
     if target.get("kind", "Node") != "Node":
         raise ReviewError(f"request.object.target.kind: {target.get('kind')!r}, expected Node")
@@ -168,7 +168,7 @@ class BindGuard:
         only repeat that verdict, so it is not run again.
         """
         spec = (req.obj or {}).get("spec")
-        node_name = spec.get("nodeName") if isinstance(spec, Mapping) else None
+        node_name = spec.get("nodeName") if isinstance(spec, MAPPING) else None
         if not node_name or not outcome.allowed or req.dry_run or req.kind != "Pod":
             return outcome
         if req.operation != "CREATE":

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -56,10 +57,15 @@ class HeldTable:
     entries: Any  # the codec's records: a node's reservations, an owner's probe slot
     damaged: bool
     _file: _TableFile
+    _release: Callable[[], None]
 
     def store(self, entries: Any) -> None:
         self._file.write(entries)
         self.entries, self.damaged = entries, False
+
+    def release(self) -> None:
+        """Let the other threads and workers have the key again (``LocalTable.hold``)."""
+        self._release()
 
 
 class LocalTable:
@@ -95,24 +101,47 @@ class LocalTable:
 
     @contextmanager
     def locked(self, node: str, wait_until: float) -> Iterator[HeldTable]:
-        """The key's records, locked against every other thread and worker of the replica.
+        """The key's records, locked against every other thread and worker of the replica
+        for the ``with`` block (``hold``)."""
+        held = self.hold(node, wait_until)
+        try:
+            yield held
+        finally:
+            held.release()
+
+    def hold(self, node: str, wait_until: float) -> HeldTable:
+        """The key's records, locked against every other thread and worker of the replica until
+        ``HeldTable.release`` (the bind guard's path holds one key per review: no context
+        manager's generator and exit stack around it).
 
         Raises ``Busy`` when others hold the lock past ``wait_until`` (monotonic), ``OSError``
         when the table cannot be opened, read or written."""
         lock = self._lock(node)
         if not lock.acquire(timeout=max(0.0, wait_until - time.monotonic())):
             raise Busy(f"waiting for the lock of {self._path(node)}")
+        table = None
+        locked = False
         try:
             table = self._files.get(node) or _TableFile(self._path(node), self.codec)
-            try:
-                _flock(table.fd, wait_until, table.path)
+            _flock(table.fd, wait_until, table.path)
+            locked = True
+            entries, damaged = table.read()
+            return HeldTable(entries, damaged, table, partial(self._release, node, table, lock))
+        except BaseException:
+            self._release(node, table, lock, locked=locked)
+            raise
+
+    def _release(
+        self, node: str, table: _TableFile | None, lock: threading.Lock, *, locked: bool = True
+    ) -> None:
+        """The file lock, then the worker's own: in the reverse order of ``hold``."""
+        try:
+            if table is not None:
                 try:
-                    entries, damaged = table.read()
-                    yield HeldTable(entries, damaged, table)
+                    if locked:
+                        _unlock(table.fd)
                 finally:
-                    _unlock(table.fd)
-            finally:
-                self._keep_open(node, table)
+                    self._keep_open(node, table)
         finally:
             lock.release()
 

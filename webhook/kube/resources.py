@@ -149,7 +149,7 @@ def _aggregate(spec: Mapping[str, Any], requests_of) -> ResourceVector:
 
 def resize_infeasible(status: Mapping[str, Any]) -> bool:
     for condition in status.get("conditions") or ():
-        if isinstance(condition, Mapping) and condition.get("type") == "PodResizePending":
+        if isinstance(condition, MAPPING) and condition.get("type") == "PodResizePending":
             return condition.get("reason") == "Infeasible"
     return False
 
@@ -159,7 +159,7 @@ def _status_requests(spec: Mapping[str, Any], status: Mapping[str, Any]) -> Reso
     by_name: dict[str, Mapping[str, Any]] = {}
     for key in ("initContainerStatuses", "containerStatuses"):
         for cs in status.get(key) or ():
-            if isinstance(cs, Mapping) and isinstance(cs.get("name"), str):
+            if isinstance(cs, MAPPING) and isinstance(cs.get("name"), str):
                 by_name.setdefault(cs["name"], cs)
     infeasible = resize_infeasible(status)
 
@@ -171,7 +171,7 @@ def _status_requests(spec: Mapping[str, Any], status: Mapping[str, Any]) -> Reso
 
     def actuated(container, field):
         cs = by_name.get(container.get("name"))
-        if cs and isinstance(cs.get("resources"), Mapping) and cs["resources"].get("requests") is not None:
+        if cs and isinstance(cs.get("resources"), MAPPING) and cs["resources"].get("requests") is not None:
             return resource_list(cs["resources"]["requests"], f"status.{field}.resources")
         return allocated(container, field)
 
@@ -192,7 +192,7 @@ def pod_requests(spec: Mapping[str, Any], status: Mapping[str, Any] | None = Non
     else:
         requests = _aggregate(spec, container_requests)
     pod_resources = spec.get("resources")
-    if isinstance(pod_resources, Mapping):
+    if isinstance(pod_resources, MAPPING):
         pod_level = {
             **resource_list(pod_resources.get("limits"), "spec.resources.limits"),
             **resource_list(pod_resources.get("requests"), "spec.resources.requests"),
@@ -211,7 +211,7 @@ def qos_class(spec: Mapping[str, Any]) -> str:
     container counts. Requests are defaulted from limits, as the API server does.
     """
     pod_resources = spec.get("resources")
-    if isinstance(pod_resources, Mapping) and pod_resources:
+    if isinstance(pod_resources, MAPPING) and pod_resources:
         parts = [("spec.resources", pod_resources)]
     else:
         parts = [

@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .errors import MAPPING
+
 _INT64 = re.compile(r"[+-]?[0-9]+")
 _INT64_MAX = 2**63 - 1
 
@@ -22,7 +24,7 @@ def _int64(value: object) -> int | None:
 
 def _expression_matches(expr: Any, labels: Mapping[str, str]) -> bool | None:
     """True/False for a usable requirement, None when the requirement is malformed."""
-    if not isinstance(expr, Mapping) or not isinstance(expr.get("key"), str) or not expr["key"]:
+    if not isinstance(expr, MAPPING) or not isinstance(expr.get("key"), str) or not expr["key"]:
         return None
     key, operator = expr["key"], expr.get("operator")
     values = expr.get("values") or []
@@ -49,7 +51,7 @@ def _expression_matches(expr: Any, labels: Mapping[str, str]) -> bool | None:
 
 def _field_matches(field: Any, node_name: str) -> bool | None:
     """``matchFields`` allows only ``metadata.name`` with In/NotIn and exactly one value."""
-    if not isinstance(field, Mapping) or field.get("key") != "metadata.name":
+    if not isinstance(field, MAPPING) or field.get("key") != "metadata.name":
         return None
     values = field.get("values")
     if not isinstance(values, list) or len(values) != 1:
@@ -62,7 +64,7 @@ def _field_matches(field: Any, node_name: str) -> bool | None:
 
 
 def _term_matches(term: Any, labels: Mapping[str, str], node_name: str) -> bool:
-    if not isinstance(term, Mapping):
+    if not isinstance(term, MAPPING):
         return False
     expressions = term.get("matchExpressions") or []
     fields = term.get("matchFields") or []
@@ -76,7 +78,7 @@ def _term_matches(term: Any, labels: Mapping[str, str], node_name: str) -> bool:
 
 def is_empty_term(term: Any) -> bool:
     """Terms with neither matchExpressions nor matchFields are dropped by the matcher."""
-    return not (isinstance(term, Mapping) and (term.get("matchExpressions") or term.get("matchFields")))
+    return not (isinstance(term, MAPPING) and (term.get("matchExpressions") or term.get("matchFields")))
 
 
 def node_selector_terms_match(terms: Any, labels: Mapping[str, str], node_name: str) -> bool:
@@ -88,11 +90,11 @@ def node_selector_terms_match(terms: Any, labels: Mapping[str, str], node_name: 
 
 def required_node_affinity(spec: Mapping[str, Any]) -> Mapping[str, Any] | None:
     affinity = spec.get("affinity")
-    node_affinity = affinity.get("nodeAffinity") if isinstance(affinity, Mapping) else None
-    if not isinstance(node_affinity, Mapping):
+    node_affinity = affinity.get("nodeAffinity") if isinstance(affinity, MAPPING) else None
+    if not isinstance(node_affinity, MAPPING):
         return None
     required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
-    return required if isinstance(required, Mapping) else None
+    return required if isinstance(required, MAPPING) else None
 
 
 def matches_node_selector_and_affinity(
@@ -100,7 +102,7 @@ def matches_node_selector_and_affinity(
 ) -> bool:
     """``spec.nodeSelector`` AND required node affinity, as the kubelet's filter checks them."""
     selector = spec.get("nodeSelector") or {}
-    if isinstance(selector, Mapping) and any(k not in labels or labels[k] != v for k, v in selector.items()):
+    if isinstance(selector, MAPPING) and any(k not in labels or labels[k] != v for k, v in selector.items()):
         return False
     required = required_node_affinity(spec)
     if required is None:

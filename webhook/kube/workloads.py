@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import FieldError
+from .errors import MAPPING, FieldError
 
 # kind -> (API groups it is served from, path from the object to the pod template)
 _TEMPLATES: dict[str, tuple[frozenset[str], tuple[str, ...]]] = {
@@ -85,10 +85,10 @@ def _mapping(obj: Mapping[str, Any], path: tuple[str, ...], prefix: str = "") ->
     walked = prefix
     for key in path:
         walked = f"{walked}.{key}" if walked else key
-        current = current.get(key) if isinstance(current, Mapping) else None
+        current = current.get(key) if isinstance(current, MAPPING) else None
         if current is None:
             return {}
-        if not isinstance(current, Mapping):
+        if not isinstance(current, MAPPING):
             raise FieldError(walked, "must be a mapping")
     return current
 
@@ -129,7 +129,7 @@ class FieldPath:
         for kind, name in self.steps:
             reached = []
             for pointer, value in found:
-                if not isinstance(value, Mapping):
+                if not isinstance(value, MAPPING):
                     continue
                 if kind == "values":
                     reached.extend((f"{pointer}/{_escape(k)}", v) for k, v in value.items())
@@ -308,7 +308,7 @@ def template_shapes(obj: Mapping[str, Any], workload: WorkloadKind) -> list[Temp
     for path in workload.templates:
         for pointer, template in path.find(obj):
             where = display_path(pointer)
-            if not isinstance(template, Mapping):
+            if not isinstance(template, MAPPING):
                 raise FieldError(where, "must be a mapping (a pod template)")
             shape = PodShape(
                 workload.kind,

@@ -5,6 +5,12 @@ imported), every worker writes its samples to files there and a scrape of any wo
 aggregates all of them. Without it (tests, embedding), the metrics live in the app's own
 registry. Gauges carry labels or are written only by workers, never by the gunicorn master:
 a master's sample would linger in the aggregate forever.
+
+A review's own samples (``count_request``: its count and latency) are found by one lookup of
+its labels as the review gave them, remembered for the closed sets' labels only; mapping them
+onto the closed sets and looking two children up on every review was half of the 9 µs that
+call cost (measured in-process, issue 31). The samples themselves are still written by
+``prometheus_client``.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ KINDS = frozenset(
 )  # fmt: skip
 OPERATIONS = frozenset({"CREATE", "UPDATE", "DELETE", "CONNECT"})
 ENDPOINTS = frozenset({"validate", "mutate"})
+VERDICTS = frozenset({"allow", "warn", "patch", "deny"})  # ``admission.Outcome.verdict``
 # Reasons are the kubelet's and the guard's codes, but ``OutOf<resource>`` carries any extended
 # resource a pod names: the first few distinct ones keep their name, later ones read "other".
 MAX_REASONS = 64
@@ -151,6 +158,7 @@ class Metrics:
         self._reasons: set[str] = set()
         # ``labels()`` takes a lock and builds a key on every call: children are looked up once.
         self._children: dict[tuple, Any] = {}
+        self._request_children: dict[tuple[str, str, str, str], tuple] = {}
 
     def _child(self, metric, *labels: str):
         key = (metric, *labels)
@@ -160,11 +168,27 @@ class Metrics:
         return child
 
     def count_request(self, endpoint: str, kind: str, operation: str, verdict: str, latency: float) -> None:
-        endpoint = closed(endpoint, ENDPOINTS)
-        self._child(self.latency, endpoint).observe(latency)
-        self._child(
-            self.requests, endpoint, closed(kind, KINDS), closed(operation, OPERATIONS), verdict
-        ).inc()
+        """One answered review: its latency and its count. The two children are found by one
+        lookup of the labels as the review gave them (half of this call's cost was mapping
+        them onto the closed sets and building two keys, on every review)."""
+        children = self._request_children.get((endpoint, kind, operation, verdict))
+        if children is None:
+            children = self._children_for_request(endpoint, kind, operation, verdict)
+        latency_child, count = children
+        latency_child.observe(latency)
+        count.inc()
+
+    def _children_for_request(self, endpoint: str, kind: str, operation: str, verdict: str) -> tuple:
+        """The latency and count children of a review's labels; remembered only for labels
+        of the closed sets, so a client sending new kinds cannot grow the lookup."""
+        label = closed(endpoint, ENDPOINTS)
+        children = (
+            self._child(self.latency, label),
+            self._child(self.requests, label, closed(kind, KINDS), closed(operation, OPERATIONS), verdict),
+        )
+        if endpoint in ENDPOINTS and kind in KINDS and operation in OPERATIONS and verdict in VERDICTS:
+            self._request_children[(endpoint, kind, operation, verdict)] = children
+        return children
 
     def count_unchecked(self, endpoint: str, allowed: bool) -> None:
         self._child(

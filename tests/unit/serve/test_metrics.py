@@ -44,6 +44,29 @@ def test_label_values_from_requests_come_from_a_closed_set():
     assert len(text) < before + 5000
 
 
+def test_each_answered_review_counts_once_and_observes_its_latency_once():
+    metrics = Metrics()
+    for _ in range(3):
+        metrics.count_request("validate", "Pod", "CREATE", "allow", 0.0003)
+    metrics.count_request("validate", "Pod", "CREATE", "deny", 0.002)
+    text = metrics.scrape().decode()
+    labels = 'endpoint="validate",kind="Pod",operation="CREATE"'
+    assert f'admit_guard_requests_total{{{labels},verdict="allow"}} 3.0' in text
+    assert f'admit_guard_requests_total{{{labels},verdict="deny"}} 1.0' in text
+    assert 'admit_guard_decision_seconds_count{endpoint="validate"} 4.0' in text
+    assert 'admit_guard_decision_seconds_bucket{endpoint="validate",le="0.0005"} 3.0' in text
+
+
+def test_labels_a_client_made_up_are_counted_as_other_and_never_remembered():
+    metrics = Metrics()
+    for n in range(500):
+        metrics.count_request("validate", f"Kind{n}", f"OP{n}", "allow", 0.001)
+    metrics.count_request("validate", "Pod", "CREATE", "allow", 0.001)
+    assert 'kind="other",operation="other",verdict="allow"} 500.0' in metrics.scrape().decode()
+    # The per-review lookup holds the closed sets' labels only: a client cannot grow it.
+    assert list(metrics._request_children) == [("validate", "Pod", "CREATE", "allow")]
+
+
 def test_only_the_first_distinct_reasons_keep_their_name():
     metrics = Metrics()
     for n in range(metrics_module.MAX_REASONS + 100):
