@@ -54,10 +54,8 @@ def topology_affinity(pod, node, usage=None, kubelet=None) -> Failure | None:
     cpus = _exclusive_cpus(pod.spec) if threads else []
     if topology is None or topology.policy not in REFUSING_POLICIES or not topology.zones:
         return smt_alignment(cpus, threads)  # scope_none / best-effort: Allocate every container
-    zones = ZoneState.of(topology)
     seen = PodsSeen(topology, usage)
-    for steps in seen.unaccounted():
-        zones.place(steps)
+    zones = _zones_after(topology, tuple(seen.unaccounted()))
     pod_scope = topology.effective_scope == POD_SCOPE
     for i, unit in enumerate(units(pod.spec, topology)):
         if not unit.empty:  # else every provider returns nil: {nil, true}
@@ -69,6 +67,33 @@ def topology_affinity(pod, node, usage=None, kubelet=None) -> Failure | None:
         if failure is not None:
             return failure
     return None
+
+
+# Per node: its NRT, the footprints placed on it, and the free amounts after them. A burst of binds
+# to one node places the same pods for every decision until one of them changes: a memo keyed by
+# identity (an NRT and a pod's footprint are immutable, and replaced when they change).
+_PLACED: dict[str, tuple[NodeTopology, tuple[Footprint, ...], dict[str, list[int]]]] = {}
+_PLACED_NODES = 8192
+
+
+def _zones_after(topology: NodeTopology, placed: tuple[Footprint, ...]) -> ZoneState:
+    """The node's zones with the pods its NRT does not count yet placed, in order."""
+    if not placed:
+        return ZoneState.of(topology)
+    memo = _PLACED.get(topology.node)
+    if memo is not None and memo[0] is topology and _same(memo[1], placed):
+        return ZoneState(topology, {r: list(free) for r, free in memo[2].items()})
+    zones = ZoneState.of(topology)
+    for steps in placed:
+        zones.place(steps)
+    if len(_PLACED) >= _PLACED_NODES:
+        _PLACED.clear()
+    _PLACED[topology.node] = (topology, placed, {r: list(free) for r, free in zones.free.items()})
+    return zones
+
+
+def _same(before: tuple[Footprint, ...], now: tuple[Footprint, ...]) -> bool:
+    return len(before) == len(now) and all(a is b for a, b in zip(before, now, strict=True))
 
 
 @dataclass(slots=True)

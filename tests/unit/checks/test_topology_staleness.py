@@ -72,6 +72,18 @@ def test_a_pod_bound_after_the_nrt_is_taken_from_the_lowest_zone_that_fits_until
     assert reasons_for(state, "10") == []
 
 
+def test_the_placement_a_decision_reuses_is_redone_when_a_placed_pod_changes():
+    """Decisions on one node reuse the zones its unaccounted pods were placed on, but only while
+    those are the same pods: a pod resized in place (a new record) is placed again."""
+    state = live_state()
+    bind_pod(state, "a", "10")  # node-0: 2 left
+    bind_pod(state, "b", "10")  # node-1: 2 left
+    assert reasons_for(state, "10") == ["TopologyAffinityError"]
+    assert reasons_for(state, "10") == ["TopologyAffinityError"]  # the same pods: the same zones
+    bind_pod(state, "b", "2")  # b resized to 2: it fits node-0 beside a, node-1 is free again
+    assert reasons_for(state, "10") == []
+
+
 def test_pods_bound_in_bind_order_fill_zones_as_the_kubelet_does():
     """``singleNumaNodePolicy``: each pod takes the lowest-numbered zone that fits after the
     earlier ones: 8 goes to node-0 (4 left), 6 to node-1 (6 left), the next 6 to node-1 (0 left)."""
