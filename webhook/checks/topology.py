@@ -57,7 +57,7 @@ def topology_affinity(pod, node, usage=None, kubelet=None) -> Failure | None:
     seen = PodsSeen(topology, usage)
     zones = _zones_after(topology, tuple(seen.unaccounted()))
     pod_scope = topology.effective_scope == POD_SCOPE
-    for i, unit in enumerate(units(pod.spec, topology)):
+    for i, unit in enumerate(units_on(pod.record.numa, topology)):  # the footprint, read once
         if not unit.empty:  # else every provider returns nil: {nil, true}
             ok, mask = admit(topology.policy, zones.hints(unit), zones.all)
             if not ok:

@@ -119,6 +119,7 @@ def base_units(resource: str, value: Fraction) -> int:
     return ceil_int(value * 1000) if resource == "cpu" else ceil_int(value)
 
 
+@lru_cache(maxsize=4096)  # a refusal's detail names every zone's free amounts: the same few, again
 def format_amount(resource: str, amount: int) -> str:
     """A human-readable amount for messages (``1500m``, ``2Gi``, ``3``)."""
     if resource == "cpu":
