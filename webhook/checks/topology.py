@@ -31,7 +31,6 @@ from ..state.topology import (
     Footprint,
     NodeTopology,
     Unit,
-    container_units,
     is_memory,
     pod_containers,
     pod_level_resources,
@@ -193,11 +192,6 @@ def _exclusive_cpus(spec: Mapping[str, Any]) -> list[tuple[str, str, int]]:
         cpu = container_requests(container, where).get(CPU, 0) if guaranteed else 0
         found.append((kind, str(container.get("name") or ""), cpu // 1000 if cpu % 1000 == 0 else 0))
     return found
-
-
-def units(spec: Mapping[str, Any], topology: NodeTopology) -> list[Unit]:
-    """The admit steps: every container in order (init, then app), or the pod once (§4)."""
-    return units_on(container_units(spec), topology)
 
 
 def units_on(steps: Footprint, topology: NodeTopology) -> list[Unit]:
