@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .formats.reader import Reader, ReadError, load_yaml
 from .globs import globs_overlap, matches_any
@@ -24,6 +24,10 @@ from .policies.node_admission import NodeAdmissionConfig, ReservationsConfig, To
 from .policies.pinned_node_name import PinnedNodeNameConfig
 from .policies.registry import NAMES, POLICIES
 from .policies.storm_breaker import StormBreakerConfig
+
+if TYPE_CHECKING:
+    from .checks.kubelet import KubeletConfig
+    from .state.model import Node
 
 # Names other modules import from here; each is defined next to the policy it configures.
 __all__ = [
@@ -122,6 +126,11 @@ class Config:
         if not self.exemptions:  # most configs: no generator built, for each policy of each review
             return False
         return any(e.covers(policy, namespace, user, groups) for e in self.exemptions)
+
+    def kubelet_for(self, node: Node) -> KubeletConfig:
+        """What the config says of ``node``'s kubelet (``policies.nodeAdmission``: its unsafe
+        sysctls, its topology manager), for the faces that ask the kubelet's checks directly."""
+        return self.node_admission.kubelet_for(node)
 
     @property
     def reservations(self) -> ReservationsConfig:

@@ -168,7 +168,7 @@ def explain(
                 _zones(p.kubelet),
             )
             for node_name, node in sorted(state.nodes.items())
-            for p in (placement(pod, node, state, config.node_admission, tolerations, namespace),)
+            for p in (placement(pod, node, state, config, tolerations, namespace),)
         )
         kind = shape.kind if not shape.is_template else str(obj.get("kind"))
         explained.append(Explanation(kind, namespace, name, nodes, template.where))
