@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.helpers.builders import container
+from tests.helpers.builders import container, pod
 
 Amounts = tuple[Any, Any, Any] | Any  # (capacity, allocatable, available), or one value for all three
 
@@ -55,3 +55,8 @@ def guaranteed(cpu="6", memory="1Gi", name="app", **extra) -> dict:
     """A Guaranteed container: requests equal limits."""
     amounts = {"cpu": cpu, "memory": memory, **extra}
     return container(name, requests=dict(amounts), limits=dict(amounts))
+
+
+def guaranteed_pod(name: str, cpu: str = "10", node_name: str | None = None) -> dict:
+    """A pod in namespace ml of one Guaranteed container asking ``cpu`` CPUs and 1Gi."""
+    return pod(name, namespace="ml", node_name=node_name, containers=[guaranteed(cpu=cpu)])
