@@ -14,8 +14,9 @@ from contextlib import contextmanager
 
 import pytest
 
+from tests.helpers.app import answer
 from tests.helpers.builders import node
-from tests.helpers.claims import answer, status_update
+from tests.helpers.claims import status_update
 from tests.helpers.dra_builders import DRIVER, claim, gpus, resource_slice, result
 from tests.helpers.fake_apiserver import Cluster, FakeApiServer
 from tests.helpers.informer import eventually

@@ -29,3 +29,10 @@ def post(client, endpoint: str, review: dict):
     assert body["apiVersion"] == "admission.k8s.io/v1" and body["kind"] == "AdmissionReview"
     assert body["response"]["uid"] == review["request"]["uid"]
     return body["response"]
+
+
+def answer(client, review: dict) -> dict:
+    """The response a /validate of ``review`` gets (the binds' and claims' tests share it)."""
+    reply = client.post("/validate", json=review)
+    assert reply.status_code == 200, reply.get_data(as_text=True)
+    return reply.get_json()["response"]

@@ -84,11 +84,5 @@ def client_for(state: ClusterState, tmp_path: Path, config: dict | None = None, 
     return create_app(conf, FixedState(state), bind_guard=bind_guard).test_client()
 
 
-def answer(client, review: dict) -> dict:
-    reply = client.post("/validate", json=review)
-    assert reply.status_code == 200, reply.get_data(as_text=True)
-    return reply.get_json()["response"]
-
-
 def review_of(review: dict):
     return parse_review(json.dumps(review).encode())

@@ -61,9 +61,3 @@ def client_for(state: ClusterState, tmp_path, config: dict | None = None, **kwar
     conf = config_from_dict(config or {})
     guard = AllocationGuard(conf, pool_table(tmp_path / "allocations"), **kwargs)
     return create_app(conf, FixedState(state), allocation_guard=guard).test_client()
-
-
-def answer(client, review: dict) -> dict:
-    reply = client.post("/validate", json=review)
-    assert reply.status_code == 200, reply.get_data(as_text=True)
-    return reply.get_json()["response"]

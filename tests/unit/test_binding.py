@@ -13,9 +13,9 @@ from contextlib import contextmanager
 
 import pytest
 
+from tests.helpers.app import answer
 from tests.helpers.binds import (
     SCHEDULER,
-    answer,
     binding,
     client_for,
     gpu_pod,

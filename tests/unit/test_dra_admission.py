@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import copy
 
+from tests.helpers.app import answer
 from tests.helpers.builders import node, pod
-from tests.helpers.claims import SCHEDULER, answer, client_for, one_gpu_left, state_with, status_update
+from tests.helpers.claims import SCHEDULER, client_for, one_gpu_left, state_with, status_update
 from tests.helpers.dra_builders import claim, gpus, resource_slice, result
 from webhook.allocation import AllocationGuard
 from webhook.config import config_from_dict

@@ -9,7 +9,8 @@ import time
 import orjson
 import pytest
 
-from tests.helpers.claims import answer, one_gpu_left, state_with, status_update
+from tests.helpers.app import answer
+from tests.helpers.claims import one_gpu_left, state_with, status_update
 from tests.helpers.dra_builders import claim, gpus, resource_slice, result
 from webhook.allocation import AllocationGuard
 from webhook.config import config_from_dict
