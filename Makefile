@@ -65,6 +65,7 @@ bench: $(STAMP) bench-tools
 	$(BIN)/python bench/slow_clients_bench.py
 	$(BIN)/python bench/idle_connections_bench.py
 	$(BIN)/python bench/memory_bench.py
+	$(BIN)/python bench/replica_memory_bench.py
 	$(BIN)/python bench/check_bench.py
 	$(BIN)/python bench/binding_bench.py
 	$(BIN)/python bench/slow_lease_bench.py

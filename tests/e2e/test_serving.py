@@ -253,9 +253,9 @@ def test_a_restarting_worker_loses_no_new_connection(tmp_path):
             assert review(server, "validate", example("good-pod-pinned-with-room"))["allowed"]
 
 
-def _pinned_pod_create(i: int) -> dict:
-    """A Pod CREATE with ``spec.nodeName`` (so the node's state decides it) that fits."""
-    obj = pod(f"pinned-{i}", node_name="node-1", requests={"cpu": "1m"})
+def _pinned_pod_create(i: int, node_name: str = "node-1") -> dict:
+    """A Pod CREATE with ``spec.nodeName`` (so the node's state decides it) asking 1m of CPU."""
+    obj = pod(f"pinned-{i}", node_name=node_name, requests={"cpu": "1m"})
     return {
         "apiVersion": "admission.k8s.io/v1",
         "kind": "AdmissionReview",
@@ -274,13 +274,14 @@ def api_server():
 
 
 def test_a_restarted_worker_takes_no_connection_before_its_state_is_synced(api_server, tmp_path):
-    """A worker that crashed is replaced by one that lists the cluster again (seconds on a large
-    one): while it does, its sibling answers every connection, so no review is answered from a
-    state that is not there (a fail-open warning, or a node said not to exist)."""
+    """A worker that crashed is replaced by one forked from the replica's state: it lists
+    nothing (every list is slow from now on), and no review is answered from a state that is
+    not there (a fail-open warning, or a node said not to exist)."""
     cluster, apiserver = api_server
     kubeconfig = apiserver.kubeconfig(tmp_path / "kubeconfig")
     with live_server(tmp_path, "--kubeconfig", kubeconfig) as server:
-        cluster.list_delay = 3.0  # from now on, every list is slow: only the new worker lists
+        assert cluster.lists == {"nodes": 1, "pods": 1}  # the replica's, none per worker
+        cluster.list_delay = 3.0  # from now on, every list is slow
         crashed = worker_pids(server.process.pid)[0]
         os.kill(crashed, signal.SIGKILL)
         deadline = time.monotonic() + 10
@@ -295,25 +296,46 @@ def test_a_restarted_worker_takes_no_connection_before_its_state_is_synced(api_s
         unchecked = [a for a in answers if not a["allowed"] or "warnings" in a]
         assert not unchecked, unchecked[0]
         assert len(answers) > 10
-        wait_listening(server.port, 2, timeout=15)  # it joins once its state is synced
+        wait_listening(server.port, 2, timeout=15)
         assert replacement in worker_pids(server.process.pid)
+        assert cluster.lists == {"nodes": 1, "pods": 1}
+
+
+def test_workers_forked_from_the_replica_state_see_what_changed_after_the_fork(api_server, tmp_path):
+    """A worker starts from the state the master listed and watches on from its
+    resourceVersion: a pod bound after the fork counts on its node in every worker."""
+    cluster, apiserver = api_server
+    cluster.put("nodes", node("node-2", cpu="4", pods="110"))
+    kubeconfig = apiserver.kubeconfig(tmp_path / "kubeconfig")
+    with live_server(tmp_path, "--kubeconfig", kubeconfig) as server:
+        hog = pod("hog", node_name="node-2", requests={"cpu": "4"}, uid="uid-hog", phase="Running")
+        cluster.put("pods", hog)
+        time.sleep(1.0)
+        answers = [review(server, "validate", _pinned_pod_create(n, "node-2")) for n in range(20)]
+        assert all(not a["allowed"] and "OutOfcpu" in a["status"]["message"] for a in answers)
+        assert cluster.lists == {"nodes": 1, "pods": 1}
 
 
 def test_with_no_worker_ready_one_listens_so_the_replica_still_answers(api_server, tmp_path):
-    """While every worker lists the cluster (the replica starting, a slow API server), one of
-    them listens: the liveness probe and the reviews answered per failOpen still reach the
-    replica. Its siblings join as their states are ready."""
+    """While the replica lists the cluster (starting, a slow API server), one of its workers
+    listens: the liveness probe and the reviews answered per failOpen still reach the replica.
+    Once the list is in, the workers forked before it are forked again from its state."""
     cluster, apiserver = api_server
     cluster.list_delay = 5.0
     kubeconfig = apiserver.kubeconfig(tmp_path / "kubeconfig")
     with live_server(tmp_path, "--kubeconfig", kubeconfig, ready=False) as server:
         assert listening(server.port) == 1
+        early_workers = set(worker_pids(server.process.pid))
         conn = server.connect()
         conn.request("GET", "/readyz")
         assert conn.getresponse().status == 503
         conn.close()
         early = review(server, "validate", _pinned_pod_create(0))
         assert early["allowed"] and "ClusterStateUnavailable" in early["warnings"][0]
+        deadline = time.monotonic() + 20
+        while early_workers & set(worker_pids(server.process.pid)):
+            assert time.monotonic() < deadline, "the workers forked before the list were not renewed"
+            time.sleep(0.05)
         wait_listening(server.port, 2, timeout=15)
-        late = review(server, "validate", _pinned_pod_create(1))
-        assert late["allowed"] and "warnings" not in late
+        late = [review(server, "validate", _pinned_pod_create(n)) for n in range(1, 21)]
+        assert all(answer["allowed"] and "warnings" not in answer for answer in late)

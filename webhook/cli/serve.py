@@ -141,8 +141,9 @@ def serve(
     """Serve /validate and /mutate over HTTPS under gunicorn.
 
     State: --cluster snapshots, or live from --kubeconfig/--context, or (in a pod, with neither)
-    live from the API server with the pod's service account. Each worker runs its own
-    informer, so a worker never waits on another process to answer a review.
+    live from the API server with the pod's service account. Live, the master lists the cluster
+    once and the workers are forked from its state: they share its pages and watch on from
+    it, so the replica holds one copy of the cluster whatever its worker count.
     """
     from ..serve import prefork
 
@@ -160,15 +161,16 @@ def serve(
             origin.connect()  # fail now, not in every worker
         state = None if origin.live else origin.snapshot(config.storm_breaker)
     prefork.metrics_directory()
+    replica = prefork.replica_state(config, origin, max_state_age) if origin.live else None
     app = prefork.worker_app(
         config,
         origin,
         state,
         reservations=prefork.shared_directory("admit-guard-reservations-"),
-        max_state_age=max_state_age,
         max_body_bytes=max_body_bytes,
         audit_interval=audit_interval,
         require_client_cert=client_auth is not None,
+        replica=replica,
     )
     # Imported only now: the metrics client picks its multi-process mode at import time.
     from ..serve.app import log_decisions_to_stderr, log_events_to_stderr
@@ -189,7 +191,8 @@ def serve(
     )
     log_decisions_to_stderr()
     log_events_to_stderr(log_level)
-    GuardServer(app, options).run()
+    # An audit in every worker reads every record: renewing workers by memory would not end.
+    GuardServer(app, options, replica, renew_by_memory=not audit_interval).run()
 
 
 def _client_auth(config: Config, client_ca: Path | None, client_cns: tuple[str, ...]) -> ClientAuth | None:

@@ -62,7 +62,9 @@ class BackgroundLines(logging.Handler):
         with self._start_lock:
             writer, lines, wake = self._writer, self._lines, self._wake
             self._writer, self._lines, self._wake = None, queue.SimpleQueue(), threading.Event()
-        if writer is not None and self._pid == os.getpid():
+        if self._pid not in (0, os.getpid()):
+            return  # lines queued before a fork are the parent's to write
+        if writer is not None:
             lines.put(_STOP)
             wake.set()  # cut the linger short
             writer.join(timeout=5)

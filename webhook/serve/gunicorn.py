@@ -20,18 +20,21 @@ change: a rotated Secret reaches new connections while in-flight ones finish on 
 from __future__ import annotations
 
 import gc
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gunicorn.app.base import BaseApplication
+from gunicorn.arbiter import Arbiter
 
 from ..config import ClientAuth
 from . import limits
 from .app import SOURCE_EXTENSION, flush_decisions
 from .listening import Port
 from .metrics import worker_exited
+from .replica import Renewal, ReplicaState
 from .tls import CertificateFiles
 
 
@@ -76,12 +79,36 @@ def _hold_port(arbiter) -> None:
     arbiter.log.info("holding %s: each worker listens once its cluster state is ready", server.bind)
 
 
+class ReplicaArbiter(Arbiter):
+    """gunicorn's master, which also renews the workers it forks from the replica's state
+    (``replica.Renewal``): told of every fork, asked before it counts its workers."""
+
+    def spawn_worker(self):
+        pid = super().spawn_worker()  # returns in the master only
+        self.app.renewal.forked(pid, self.app.replica.forked_resumable)
+        return pid
+
+    def manage_workers(self):
+        self.app.renewal.step(self)
+        super().manage_workers()
+
+
 class GuardServer(BaseApplication):
     """A gunicorn application built in code, so ``admit-guard serve`` needs no config file."""
 
-    def __init__(self, app_factory: Callable[[], Any], options: ServeOptions) -> None:
+    def __init__(
+        self,
+        app_factory: Callable[[], Any],
+        options: ServeOptions,
+        replica: ReplicaState | None = None,
+        *,
+        renew_by_memory: bool = True,
+    ) -> None:
         self._factory = app_factory
         self._options = options
+        # A live state: the master's informer, its workers forked from it and renewed.
+        self.replica = replica
+        self.renewal = Renewal(replica, by_memory=renew_by_memory) if replica is not None else None
         # Read by GuardWorker (worker.py) through its ``app``.
         self.request_timeout = options.request_timeout
         self.first_byte_timeout = options.first_byte_timeout
@@ -131,3 +158,15 @@ class GuardServer(BaseApplication):
 
     def load(self) -> Any:
         return self._factory()
+
+    def run(self) -> None:
+        if self.replica is None:
+            super().run()
+            return
+        try:
+            ReplicaArbiter(self).run()
+        except RuntimeError as err:  # as ``BaseApplication.run``: gunicorn's start-up errors
+            print(f"\nError: {err}\n", file=sys.stderr)
+            sys.exit(1)
+        finally:
+            self.replica.close()

@@ -1,8 +1,9 @@
 """What ``serve`` prepares before gunicorn forks its workers, and what each worker builds after.
 
 Before the fork, in the master: a fresh directory for the workers' metric files, a directory
-the workers share for their reservation table, and the snapshot, loaded once so that every
-worker shares its pages. After the fork, in each worker: its own informer and lease store
+the workers share for their reservation table, and the cluster state: a snapshot loaded once,
+or the replica's informer (``replica``), so that every worker shares its pages. After the
+fork, in each worker: its own watches from where the master's state stands, its lease store
 (threads and connections do not survive a fork), and the Flask app over them.
 
 The metrics client picks its multi-process mode when it is first imported: ``worker_app``
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from ..config import Config
     from ..state import ClusterState
     from ..state.origin import StateOrigin
+    from .replica import ReplicaState
 
 
 def metrics_directory() -> None:
@@ -52,27 +54,38 @@ def guard_namespace(config: Config) -> str:
     )
 
 
+def replica_state(config: Config, origin: StateOrigin, max_state_age: float) -> ReplicaState:
+    """In the master, before gunicorn starts: the replica's informer, listing in the background
+    (``serve.replica``)."""
+    from ..state.informer import Informer, Timing
+    from ..state.storm import StormBreakers
+    from .replica import ReplicaState
+
+    storm = StormBreakers.from_config(config.storm_breaker)
+    leader = Informer(origin.connect(), Timing(max_age=max_state_age), storm).start()
+    return ReplicaState(leader).hold_across_forks()
+
+
 def worker_app(
     config: Config,
     origin: StateOrigin,
     state: ClusterState | None,
     *,
     reservations: Path,
-    max_state_age: float,
     max_body_bytes: int,
     audit_interval: float | None,
     require_client_cert: bool = False,
+    replica: ReplicaState | None = None,
 ) -> Callable[[], Any]:
     """The factory each worker calls after the fork. A live ``origin`` gives every worker its
-    own informer and Leases; else ``state``, the snapshot loaded before the fork, is shared."""
+    own Leases and an informer that follows ``replica``'s leader from the state the fork
+    shared; else ``state``, the snapshot loaded before the fork, is shared."""
     from ..allocation import AllocationGuard
     from ..binding import BindGuard
     from ..coordination import allocations as in_flight
     from ..coordination import reservations as binds
     from ..coordination.probes import shared_probes
-    from ..state.informer import Informer, Timing
     from ..state.source import FixedState
-    from ..state.storm import StormBreakers
     from .app import create_app
     from .lease_collector import COLLECT_SECONDS, LeaseCollector
 
@@ -87,9 +100,8 @@ def worker_app(
         )
         pool_leases = in_flight.pool_leases(api, namespace) if api is not None else None
         allocations = AllocationGuard(config, in_flight.pool_table(reservations / "allocations"), pool_leases)
-        if origin.live:
-            storm = StormBreakers.from_config(config.storm_breaker)
-            source = Informer(origin.connect(), Timing(max_age=max_state_age), storm).start()
+        if replica is not None:
+            source = replica.follow(origin.connect())
             source_name, leases = "informer", binds.node_leases(api, namespace)
             LeaseCollector(
                 source,

@@ -226,6 +226,31 @@ class Informer:
         self._responses: dict[str, Any] = {}
         self._failures: dict[str, int] = {}  # consecutive failures per kind, for the backoff
         self._threads: list[threading.Thread] = []
+        # Per kind, the resourceVersion the state holds: where a watch resumes, and where an
+        # informer forked from this one starts (``following``). Absent while a kind is listed.
+        self.versions: dict[str, str] = {}
+
+    @classmethod
+    def following(cls, api: ApiServer, leader: Informer) -> Informer | None:
+        """In a process forked from ``leader``'s: an informer over the leader's state as the
+        fork left it (its pages shared copy-on-write), watching from the leader's
+        resourceVersions, so it lists nothing. None when the leader had not listed every kind
+        (a fork in the middle of a list): that state cannot be resumed.
+
+        The leader's lock may have been held by the fork (``serve.replica``): this informer
+        guards the state with a lock of its own.
+        """
+        if not leader.resumable:
+            return None
+        follower = cls(api, leader.timing)
+        follower.state = leader.state
+        follower._required = leader._required
+        follower._synced = set(leader._required)
+        follower._heard = dict(leader._heard)
+        follower._heard_wall = leader._heard_wall
+        follower.versions = {name: leader.versions[name] for name in leader._required}
+        kinds = _kinds(follower.state)  # less the kinds the leader found unserved
+        return follower._watch_kinds(kind for kind in kinds if kind.name in follower._required)
 
     # -- the StateSource protocol -------------------------------------------------------
 
@@ -255,10 +280,19 @@ class Informer:
     def synced(self) -> bool:
         return self._synced >= self._required
 
+    @property
+    def resumable(self) -> bool:
+        """Whether the state is of one resourceVersion per kind: synced, and no kind in a list."""
+        return self.synced and all(name in self.versions for name in self._required)
+
     def start(self) -> Informer:
         self._discover_devices()
         kinds = _kinds(self.state)
         self._required = frozenset(kind.name for kind in kinds)  # an unserved one leaves on a 404
+        return self._watch_kinds(kinds)
+
+    def _watch_kinds(self, kinds: Iterable[_Kind]) -> Informer:
+        """A thread per kind: list it unless its resourceVersion is known, then watch."""
         for kind in kinds:
             thread = threading.Thread(
                 target=self._run, args=(kind,), name=f"informer-{kind.name}", daemon=True
@@ -324,7 +358,7 @@ class Informer:
     # -- list and watch -------------------------------------------------------------------
 
     def _run(self, kind: _Kind) -> None:
-        resource_version = ""
+        resource_version = self.versions.get(kind.name, "")
         timing = self.timing
         relists = RelistBackoff(timing.relist_backoff_base, timing.relist_backoff_cap, timing.relist_reset)
         while not self._stop.is_set():
@@ -380,6 +414,7 @@ class Informer:
         """
         seen: set[str] = set()
         token, resource_version = "", ""
+        self.versions.pop(kind.name, None)  # from the first page on, the state is of no one version
         while True:
             page = self.api.list_page(kind.name, self.timing.page_size, token)
             # The page's ~20,000 objects die before the collector runs again: scanned, they would
@@ -397,7 +432,8 @@ class Informer:
         with self.lock:
             for key in [k for k in kind.present() if k not in seen]:
                 kind.drop(key)
-        return last or resource_version
+            version = self.versions[kind.name] = last or resource_version
+        return version
 
     def _apply_listed(self, kind: _Kind, objects: list[dict[str, Any]], seen: set[str]) -> None:
         if kind.name == "pods" and self.state.storm is not None:
@@ -457,7 +493,12 @@ class Informer:
             raise ValueError(f"unknown watch event type {kind_of_event!r}")
         self.events += kind_of_event != "BOOKMARK"
         self._touch(kind)
-        return str(resource_version) if resource_version else None
+        if not resource_version:
+            return None
+        # Set after the event is applied: a fork in between resumes one event early, and
+        # applying an event twice leaves the state as once.
+        version = self.versions[kind.name] = str(resource_version)
+        return version
 
     def _build(self, kind: _Kind, obj: dict[str, Any]):
         try:
