@@ -1,11 +1,11 @@
 """When a worker takes connections: once its cluster state is ready, or when no sibling does.
 
 Each worker listens on a socket of its own (``SO_REUSEPORT``) and the kernel spreads new
-connections over the sockets that listen. A worker gunicorn starts again (``max-requests``, a
-crash) lists the cluster before it can judge a pinned pod, seconds on a large one. Listening
-from its fork, it took its share of the connections meanwhile and answered their reviews from
-no state (fail-open warnings, or denials when failing closed) while its sibling was ready. So
-a worker listens only once its state source says ready (``GuardWorker._join_when_ready``).
+connections over the sockets that listen. A worker forked before the replica's informer had
+listed the cluster (``replica``) cannot judge a pinned pod until it is forked again. Listening
+from its fork, it would take its share of the connections meanwhile and answer their reviews
+from no state (fail-open warnings, or denials when failing closed) while a sibling was ready.
+So a worker listens only once its state source says ready (``GuardWorker._join_when_ready``).
 
 Or when no sibling listens: the whole replica starting, or the API server unreachable. A
 replica that accepted nothing would fail its liveness probe and be restarted into the same

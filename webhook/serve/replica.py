@@ -42,9 +42,11 @@ log = logging.getLogger(__name__)
 
 MIB = 1 << 20
 # A worker's private memory that calls for a fresh fork: this share of the leader's, at least
-# ``MIN_BUDGET``. A budget small against the state keeps the replica near one copy of it.
+# ``MIN_BUDGET``. A budget small against the state keeps the replica near one copy of it; the
+# floor is what a worker holds of its own on a small cluster (the app, TLS, its request
+# buffers: 128 MiB at most under the shipped limit), which a fresh fork would not shed.
 BUDGET_SHARE = 0.25
-MIN_BUDGET = 64 * MIB
+MIN_BUDGET = 128 * MIB
 CHECK_SECONDS = 10.0  # how often the master reads its workers' memory
 SETTLE_SECONDS = 1.0  # a fresh worker listens within a few hundred ms of its fork
 SPACING_SECONDS = 30.0  # between two renewals: the replica never renews two workers at once
