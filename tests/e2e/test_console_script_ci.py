@@ -4,8 +4,6 @@ script: it says what it did not check, and it fits into CI."""
 from __future__ import annotations
 
 import json
-import os
-import pty
 import re
 import shutil
 import socket
@@ -15,7 +13,7 @@ from xml.etree import ElementTree as ET
 
 import pytest
 
-from tests.helpers.console import ENV, GOOD, NEXT_POD, NODE, SCRIPT, STORM_POD, cli, write
+from tests.helpers.console import ENV, GOOD, NEXT_POD, NODE, SCRIPT, STORM_POD, cli, on_a_terminal, write
 from tests.helpers.paths import EXAMPLES, ROOT
 
 CLUSTER = str(EXAMPLES / "cluster")
@@ -313,26 +311,6 @@ def test_skip_lines_are_collapsed_into_the_summary_unless_verbose():
     assert "SKIP" not in quiet.stdout
     assert "(skipped: ConfigMap 1; -v lists them)" in quiet.stderr
     assert "SKIP  ConfigMap default/c" in cli("check", "-f", "-", "-v", stdin=manifest).stdout
-
-
-def on_a_terminal(*args: str, columns: int = 60) -> str:
-    """stdout of ``admit-guard ARGS`` written to a pseudo-terminal ``columns`` wide."""
-    leader, follower = pty.openpty()
-    env = {**ENV, "COLUMNS": str(columns)}
-    child = subprocess.Popen([str(SCRIPT), *args], stdout=follower, stderr=subprocess.DEVNULL, env=env)
-    os.close(follower)
-    chunks = []
-    while True:
-        try:
-            chunk = os.read(leader, 65536)
-        except OSError:
-            break
-        if not chunk:
-            break
-        chunks.append(chunk)
-    child.wait(timeout=30)
-    os.close(leader)
-    return b"".join(chunks).decode().replace("\r\n", "\n")
 
 
 def test_messages_are_wrapped_on_a_terminal_and_whole_in_json():

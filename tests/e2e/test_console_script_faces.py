@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
-import pty
 import re
 import shutil
 import subprocess
@@ -16,7 +14,7 @@ from xml.etree import ElementTree as ET
 import pytest
 import yaml
 
-from tests.helpers.console import ENV, GOOD, NEXT_POD, NODE, SCRIPT, STORM_POD, cli, write
+from tests.helpers.console import ENV, GOOD, NEXT_POD, NODE, STORM_POD, cli, on_a_terminal, write
 from tests.helpers.dra_builders import claim, gpus, resource_slice, result
 from tests.helpers.paths import ROOT
 
@@ -418,29 +416,11 @@ def test_every_serve_option_says_what_it_does(option):
 
 
 def test_the_judged_at_line_fits_an_80_column_terminal():
-    lines = stderr_on_a_terminal("check", "-f", GOOD, "--cluster", str(ROOT / "examples" / "cluster"))
+    lines = on_a_terminal(
+        "check", "-f", GOOD, "--cluster", str(ROOT / "examples" / "cluster"), stream="stderr"
+    ).splitlines()
     judged = [line for line in lines if line.startswith("judged at")]
     assert judged and all(len(line) <= 80 for line in lines), lines
-
-
-def stderr_on_a_terminal(*args: str, columns: int = 80) -> list[str]:
-    """stderr of ``admit-guard ARGS`` written to a pseudo-terminal ``columns`` wide."""
-    leader, follower = pty.openpty()
-    env = {**ENV, "COLUMNS": str(columns)}
-    child = subprocess.Popen([str(SCRIPT), *args], stdout=subprocess.DEVNULL, stderr=follower, env=env)
-    os.close(follower)
-    chunks = []
-    while True:
-        try:
-            chunk = os.read(leader, 65536)
-        except OSError:
-            break
-        if not chunk:
-            break
-        chunks.append(chunk)
-    child.wait(timeout=30)
-    os.close(leader)
-    return b"".join(chunks).decode().replace("\r\n", "\n").splitlines()
 
 
 def test_a_pod_that_fits_no_gpu_node_is_told_how_many_nodes_offer_gpus():

@@ -156,3 +156,16 @@ def cluster_pod(i: int, nodes: int, rng: random.Random) -> dict:
         },
         "status": {"phase": "Running"},
     }
+
+
+def gpu_job(scheduler: str | None = None, **spec: Any) -> dict[str, Any]:
+    """A Job ``ml/train`` whose pod asks one ``nvidia.com/gpu`` (``scheduler``: its schedulerName)."""
+    body: dict[str, Any] = {"containers": [container(limits={"nvidia.com/gpu": "1"})], **spec}
+    if scheduler:
+        body["schedulerName"] = scheduler
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "train", "namespace": "ml"},
+        "spec": {"template": {"spec": body}},
+    }

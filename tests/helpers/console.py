@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pty
 import subprocess
 import sys
 from pathlib import Path
@@ -56,3 +57,25 @@ def write(tmp_path: Path, name: str, text: str) -> str:
     path = tmp_path / name
     path.write_text(text)
     return str(path)
+
+
+def on_a_terminal(*args: str, stream: str = "stdout", columns: int = 80) -> str:
+    """What ``admit-guard ARGS`` writes to ``stream`` ("stdout" or "stderr") when that stream is a
+    pseudo-terminal ``columns`` wide (the other goes nowhere)."""
+    leader, follower = pty.openpty()
+    streams = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, stream: follower}
+    env = {**ENV, "COLUMNS": str(columns)}
+    child = subprocess.Popen([str(SCRIPT), *args], **streams, env=env)
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the terminal closed with the child
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    child.wait(timeout=30)
+    os.close(leader)
+    return b"".join(chunks).decode().replace("\r\n", "\n")

@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests.helpers import fake_apiserver
 from tests.helpers.builders import deployment, node, pod
 from tests.helpers.paths import FIXTURES, ROOT
 from webhook import audit
@@ -649,8 +650,26 @@ def test_the_progress_line_appears_only_on_a_tty_after_a_second():
     assert quiet.getvalue() == ""
 
 
+def _cluster_serving(resources: list[str]) -> fake_apiserver.Cluster:
+    """The test API server's cluster, serving exactly ``resources``."""
+    return fake_apiserver.Cluster(
+        objects={r: {} for r in resources},
+        log={r: [] for r in resources},
+        floor={r: 0 for r in resources},
+        faults={r: [] for r in resources},
+    )
+
+
+def _live_audit_json(cluster: fake_apiserver.Cluster, tmp_path):
+    """``admit-guard audit --kubeconfig ... -o json`` against ``cluster`` served on loopback."""
+    server = fake_apiserver.FakeApiServer(cluster)
+    try:
+        return run_audit("--kubeconfig", server.kubeconfig(tmp_path / "kubeconfig"), "-o", "json")
+    finally:
+        server.close()
+
+
 def test_audit_kubeconfig_lists_every_kind_from_a_live_api_server(tmp_path, monkeypatch):
-    from tests.helpers import fake_apiserver
     from webhook.state.apiserver import RESOURCES
     from webhook.state.inventory import LIVE_RESOURCES
 
@@ -658,21 +677,12 @@ def test_audit_kubeconfig_lists_every_kind_from_a_live_api_server(tmp_path, monk
         monkeypatch.setitem(fake_apiserver.PATHS, RESOURCES[resource], resource)
         monkeypatch.setitem(fake_apiserver.LIST_KINDS, resource, f"{kind}List")
     resources = [r for r, _, _ in LIVE_RESOURCES]
-    cluster = fake_apiserver.Cluster(
-        objects={r: {} for r in resources},
-        log={r: [] for r in resources},
-        floor={r: 0 for r in resources},
-        faults={r: [] for r in resources},
-    )
+    cluster = _cluster_serving(resources)
     objects = storm(25)
     cluster.load("deployments", [bare(objects[0])])
     cluster.load("replicasets", [bare(objects[1])])
     cluster.load("pods", [bare(p) for p in objects[2:]])
-    server = fake_apiserver.FakeApiServer(cluster)
-    try:
-        result = run_audit("--kubeconfig", server.kubeconfig(tmp_path / "kubeconfig"), "-o", "json")
-    finally:
-        server.close()
+    result = _live_audit_json(cluster, tmp_path)
     assert result.exit_code == 1, result.output
     [finding] = json.loads(result.stdout)["findings"]
     assert (finding["type"], finding["kind"], finding["name"], finding["count"]) == (
@@ -749,7 +759,6 @@ def test_an_ownership_loop_ends_the_walk_instead_of_hanging():
 def test_a_live_audit_lists_the_custom_resources_the_cluster_serves_and_skips_the_others(
     tmp_path, monkeypatch
 ):
-    from tests.helpers import fake_apiserver
     from webhook.state.apiserver import RESOURCES
     from webhook.state.inventory import LIVE_RESOURCES
 
@@ -764,12 +773,7 @@ def test_a_live_audit_lists_the_custom_resources_the_cluster_serves_and_skips_th
         fake_apiserver.API_GROUPS, "batch.volcano.sh", ("batch.volcano.sh/v1alpha1", [("jobs", "Job")])
     )
     resources = [*(r for r, _, _ in LIVE_RESOURCES), "volcano-jobs"]
-    cluster = fake_apiserver.Cluster(
-        objects={r: {} for r in resources},
-        log={r: [] for r in resources},
-        floor={r: 0 for r in resources},
-        faults={r: [] for r in resources},
-    )
+    cluster = _cluster_serving(resources)
     cluster.load("nodes", [bare(node("gpu-1", pods="1"))])
     cluster.load("pods", [bare(pod("busy", node_name="gpu-1"))])
     task = {
@@ -781,11 +785,7 @@ def test_a_live_audit_lists_the_custom_resources_the_cluster_serves_and_skips_th
         "spec": {"tasks": [{"template": {"spec": {"containers": []}}}, task]},
     }
     cluster.load("volcano-jobs", [job])
-    server = fake_apiserver.FakeApiServer(cluster)
-    try:
-        result = run_audit("--kubeconfig", server.kubeconfig(tmp_path / "kubeconfig"), "-o", "json")
-    finally:
-        server.close()
+    result = _live_audit_json(cluster, tmp_path)
     assert result.exit_code == 1, result.output
     [finding] = json.loads(result.stdout)["findings"]
     assert (finding["type"], finding["kind"], finding["name"], finding["node"], finding["count"]) == (

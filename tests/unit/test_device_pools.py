@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers.binds import binding, state_with
-from tests.helpers.builders import container, node, pod
+from tests.helpers.builders import gpu_job, node, pod
 from webhook.admission import parse_review
 from webhook.audit import node_findings
 from webhook.binding import BindGuard
@@ -38,18 +38,6 @@ def gpu_node(name: str, pool: str | None = None, gpus: str = "8", **kwargs) -> d
 
 def gpu_pod(name: str, scheduler: str | None = None, node_name: str | None = None, **spec) -> dict:
     return pod(name, namespace="ml", requests={GPU: "1"}, scheduler=scheduler, node_name=node_name, **spec)
-
-
-def gpu_job(scheduler: str | None = None, **spec) -> dict:
-    body = {"containers": [container(limits={GPU: "1"})], **spec}
-    if scheduler:
-        body["schedulerName"] = scheduler
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": "train", "namespace": "ml"},
-        "spec": {"template": {"spec": body}},
-    }
 
 
 def config(**device_scheduler):

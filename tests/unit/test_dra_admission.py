@@ -37,14 +37,20 @@ def test_a_free_device_is_allowed_and_the_next_write_for_it_is_denied_by_the_all
     assert "ml/a" in second["status"]["message"]
 
 
-def test_once_the_winners_allocation_is_observed_later_writes_are_denied_by_the_index(tmp_path):
-    state = one_gpu_left()
-    client = client_for(state, tmp_path)
+def _allocated_and_observed(client, state) -> None:
+    """ml/a takes gpu-1 through the guard, then the watch shows the write (its record stops
+    counting: the index holds the allocation)."""
     winner = claim("a", namespace="ml", results=[result("gpu-1")])
     assert answer(client, status_update(winner))["allowed"]
     landed = copy.deepcopy(winner)
     landed["metadata"]["resourceVersion"] = "42"
-    state.devices.set_claim(landed)  # the watch shows the write: the record stops counting
+    state.devices.set_claim(landed)
+
+
+def test_once_the_winners_allocation_is_observed_later_writes_are_denied_by_the_index(tmp_path):
+    state = one_gpu_left()
+    client = client_for(state, tmp_path)
+    _allocated_and_observed(client, state)
     denied = answer(client, status_update(claim("b", namespace="ml", results=[result("gpu-1")])))
     assert denied["allowed"] is False and "ml/a" in denied["status"]["message"]
 
@@ -52,11 +58,7 @@ def test_once_the_winners_allocation_is_observed_later_writes_are_denied_by_the_
 def test_a_deallocation_frees_the_device_at_once(tmp_path):
     state = one_gpu_left()
     client = client_for(state, tmp_path)
-    winner = claim("a", namespace="ml", results=[result("gpu-1")])
-    assert answer(client, status_update(winner))["allowed"]
-    landed = copy.deepcopy(winner)
-    landed["metadata"]["resourceVersion"] = "42"
-    state.devices.set_claim(landed)
+    _allocated_and_observed(client, state)
     freed = claim("a", namespace="ml")
     freed["metadata"]["resourceVersion"] = "43"
     state.devices.set_claim(freed)  # deallocated, well within the TTL

@@ -5,7 +5,7 @@ import copy
 import jsonpatch
 import pytest
 
-from tests.helpers.builders import container, deployment, node, pod
+from tests.helpers.builders import container, deployment, gpu_job, node, pod
 from webhook.config import Config, config_from_dict
 from webhook.engine import evaluate
 from webhook.state import ClusterState, node_from, pod_record
@@ -115,18 +115,6 @@ def test_warn_and_audit_modes_allow(state):
     audited = evaluate(obj, "CREATE", state, config(pinnedNodeName={"mode": "audit"}))
     assert audited.allowed and [v.reason for v in audited.audited] == ["PinnedNodeName"]
     assert evaluate(obj, "CREATE", state, config(pinnedNodeName={"mode": "off"})).violations == []
-
-
-def gpu_job(scheduler=None, **spec):
-    body = {"containers": [container(limits={"nvidia.com/gpu": "1"})], **spec}
-    if scheduler:
-        body["schedulerName"] = scheduler
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": "train", "namespace": "ml"},
-        "spec": {"template": {"spec": body}},
-    }
 
 
 def test_device_pod_with_another_scheduler_than_the_detected_owner_is_denied(state):
