@@ -23,30 +23,25 @@ class Case:
     output: str = ""
 
 
+def _counts(cases: list[Case]) -> dict[str, str]:
+    """A suite's (or all suites') ``tests``, ``failures``, ``errors`` and ``skipped`` attributes."""
+    return {
+        "tests": str(len(cases)),
+        "failures": str(sum(c.failure is not None for c in cases)),
+        "errors": str(sum(c.error is not None for c in cases)),
+        "skipped": str(sum(c.skipped is not None for c in cases)),
+    }
+
+
 def write(cases: Iterable[Case], path: str, name: str) -> None:
     """Write the cases to ``path``, grouped into suites in the order they first appear."""
     cases = list(cases)
-    root = ET.Element(
-        "testsuites",
-        name=name,
-        tests=str(len(cases)),
-        failures=str(sum(c.failure is not None for c in cases)),
-        errors=str(sum(c.error is not None for c in cases)),
-        skipped=str(sum(c.skipped is not None for c in cases)),
-    )
+    root = ET.Element("testsuites", name=name, **_counts(cases))
     suites: dict[str, list[Case]] = {}
     for case in cases:
         suites.setdefault(case.suite, []).append(case)
     for suite_name, members in suites.items():
-        suite = ET.SubElement(
-            root,
-            "testsuite",
-            name=suite_name,
-            tests=str(len(members)),
-            failures=str(sum(c.failure is not None for c in members)),
-            errors=str(sum(c.error is not None for c in members)),
-            skipped=str(sum(c.skipped is not None for c in members)),
-        )
+        suite = ET.SubElement(root, "testsuite", name=suite_name, **_counts(members))
         for case in members:
             _case(suite, case)
     ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)

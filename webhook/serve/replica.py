@@ -71,7 +71,7 @@ class ReplicaState:
 
     def _locks(self) -> list[threading.Lock]:
         storm = self.leader.state.storm
-        return [self.leader.lock] + ([storm._lock] if storm is not None else [])
+        return [self.leader.lock] + ([storm.lock] if storm is not None else [])
 
     def _hold(self) -> None:
         for lock in self._locks():

@@ -98,6 +98,11 @@ class StormBreakers:
         self.probes = 0
         self._lock = threading.Lock()
 
+    @property
+    def lock(self) -> threading.Lock:
+        """What every change to the breakers is made under (a fork must not split one)."""
+        return self._lock
+
     @classmethod
     def from_config(cls, config, *, quiet: bool = False) -> StormBreakers:
         return cls(config.threshold, config.window_seconds, config.cooldown_seconds, quiet=quiet)
