@@ -48,6 +48,12 @@ def serve(worker_class: str, port: int, cert_dir: str) -> None:
         def load_config(self) -> None:
             super().load_config()
             self.cfg.set("worker_class", worker_class)
+            if worker_class == "gthread":
+                # gunicorn's own worker listens on what the master binds; the guard's worker
+                # listens itself, on the port the master holds (``serve/listening.py``).
+                self.cfg.set("bind", [f"127.0.0.1:{port}"])
+                self.cfg.set("on_starting", lambda arbiter: None)
+                self.cfg.set("post_fork", lambda arbiter, worker: None)
 
     options = ServeOptions(bind=f"127.0.0.1:{port}", cert_dir=Path(cert_dir), workers=1, threads=4)
     Server(lambda: create_app(Config(), FixedState(state)), options).run()

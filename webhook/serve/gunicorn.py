@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import gc
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,6 +92,15 @@ class ReplicaArbiter(Arbiter):
     def manage_workers(self):
         self.app.renewal.step(self)
         super().manage_workers()
+
+    def run(self):
+        # The loop wakes once a second: woken as soon as the replica's first lists are in,
+        # it forks the workers that can judge without waiting for the tick.
+        leader = self.app.replica.leader
+        threading.Thread(
+            target=lambda: leader.wait_synced(float("inf")) and self.wakeup(), name="synced", daemon=True
+        ).start()
+        super().run()
 
 
 class GuardServer(BaseApplication):
