@@ -41,7 +41,7 @@ from .apiserver import (
     watch_lines,
 )
 from .devices import DeviceIndex
-from .gc_pause import collector_paused
+from .gc_pause import collector_paused, freeze_survivors
 from .model import ClusterState, node_from, object_key, pod_record
 from .source import Readiness, StateView
 from .storm import StormBreakers
@@ -417,8 +417,9 @@ class Informer:
         self.versions.pop(kind.name, None)  # from the first page on, the state is of no one version
         while True:
             page = self.api.list_page(kind.name, self.timing.page_size, token)
-            # The page's ~20,000 objects die before the collector runs again: scanned, they would
-            # be promoted, and the collector would scan the whole state dozens of times per list.
+            # The page's objects die before the collector runs again, and the records they become
+            # are frozen: scanned, they would be promoted, and the collector would scan the whole
+            # state dozens of times per list.
             with collector_paused():
                 for batch in _batches(page.items, self.timing.page_size):
                     self._apply_listed(kind, batch, seen)
@@ -426,6 +427,7 @@ class Informer:
                 resource_version = resource_version or page.resource_version
                 last, token = page.resource_version, page.continue_token
                 del page
+                freeze_survivors()
             self._touch(kind)
             if not token:
                 break

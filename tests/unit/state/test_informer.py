@@ -3,6 +3,7 @@ every fault, and never loses or double-counts a pod (aggregates equal a recomput
 
 from __future__ import annotations
 
+import gc
 import json
 import time
 from contextlib import contextmanager
@@ -243,6 +244,16 @@ def test_live_snapshot_lists_once(server, cluster, tmp_path):
     api = ApiServer.connect(kubeconfig=server.kubeconfig(tmp_path / "kubeconfig"))
     state = live_snapshot(api, page_size=2)
     assert fingerprint(state) == fingerprint(recomputed(cluster))
+
+
+def test_the_records_a_list_builds_are_frozen_so_no_collection_scans_the_state_again(server, tmp_path):
+    api = ApiServer.connect(kubeconfig=server.kubeconfig(tmp_path / "kubeconfig"))
+    gc.unfreeze()
+    state = live_snapshot(api, page_size=2)
+    young = {id(obj) for obj in gc.get_objects()}  # the permanent generation is not in it
+    records = list(state.pods.values())
+    assert records and gc.get_freeze_count() >= len(records)
+    assert all(gc.is_tracked(record) and id(record) not in young for record in records)
 
 
 def test_stop_ends_the_watches_promptly(informer):
