@@ -10,7 +10,8 @@ applied, with each process's private memory.
 
 Target: the replica's PSS with 2 workers <= 1.3x with 1. ``--root`` runs another checkout's
 server (the design before, one informer per worker) against the same cluster: the
-alternatives measured in one invocation.
+alternatives measured in one invocation. ``--audit-interval`` serves as ``deploy/base`` does,
+with the periodic audit on (each pass reads every record).
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ def settled(master: int, workers: int, quiet: float = 3.0, limit: float = 600.0)
     return time.monotonic() - started
 
 
-def run(root: Path, workers: int, kubeconfig: str, workdir: Path) -> dict:
+def run(root: Path, workers: int, kubeconfig: str, workdir: Path, extra: tuple[str, ...] = ()) -> dict:
     cert_dir = workdir / "certs"
     if not (cert_dir / "tls.crt").exists():
         issue("admit-guard", "admit-guard", cert_dir)
@@ -111,7 +112,8 @@ def run(root: Path, workers: int, kubeconfig: str, workdir: Path) -> dict:
     started = time.monotonic()
     process = subprocess.Popen(
         [sys.executable, "-m", "webhook", "serve", "--bind", f"127.0.0.1:{port}", "--cert-dir",
-         str(cert_dir), "--workers", str(workers), "--kubeconfig", kubeconfig, "--log-level", "info"],
+         str(cert_dir), "--workers", str(workers), "--kubeconfig", kubeconfig, "--log-level", "info",
+         *extra],
         cwd=root, stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:
@@ -147,17 +149,20 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--workers", default="1,2", help="worker counts to run, in order")
     parser.add_argument("--root", type=Path, default=ROOT, help="the checkout whose server runs")
+    parser.add_argument("--audit-interval", type=float, help="serve with the periodic audit on")
     args = parser.parse_args()
+    extra = ("--audit-interval", str(args.audit_interval)) if args.audit_interval else ()
     server, url = serve_cluster(args)
     print(
         f"cluster: {args.nodes:,} nodes, {args.pods:,} pods, {args.events:,} watch events; server {args.root}"
+        + (f"; periodic audit every {args.audit_interval:g} s" if extra else "")
     )
     results = []
     try:
         with tempfile.TemporaryDirectory() as tmp:
             kubeconfig = write_kubeconfig(Path(tmp) / "kubeconfig", url, Cluster().token)
             for workers in (int(w) for w in args.workers.split(",")):
-                result = run(args.root, workers, kubeconfig, Path(tmp))
+                result = run(args.root, workers, kubeconfig, Path(tmp), extra)
                 results.append(result)
                 rows = ", ".join(
                     f"{'master' if i == 0 else 'worker'} {pss / MIB:.0f}/{private / MIB:.0f}"

@@ -14,6 +14,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.helpers.audit_gauges import ScrapedGauges
 from tests.helpers.paths import ROOT
 from webhook.serve.metrics import Metrics
 from webhook.serve.tls import EXPIRY_METRIC
@@ -37,8 +38,11 @@ def exported_metrics() -> set[str]:
     metrics = Metrics()
     metrics.observe_state(Readiness(True, "synced", 1, 1, updated_at=1.0), "informer")
     names = {EXPIRY_METRIC}
-    for family in text_string_to_metric_families(metrics.scrape().decode()):
-        names.update(family.name + suffix for suffix in _SUFFIXES[family.type])
+    audit = ScrapedGauges()  # the master's (``serve --audit-interval``)
+    audit.publish({("MixedDeviceScheduler", ""): 1}, "informer", 1.0, 0.1)
+    for text in (metrics.scrape().decode(), audit.scrape()):
+        for family in text_string_to_metric_families(text):
+            names.update(family.name + suffix for suffix in _SUFFIXES[family.type])
     return names
 
 

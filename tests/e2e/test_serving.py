@@ -339,3 +339,69 @@ def test_with_no_worker_ready_one_listens_so_the_replica_still_answers(api_serve
         wait_listening(server.port, 2, timeout=15)
         late = [review(server, "validate", _pinned_pod_create(n)) for n in range(1, 21)]
         assert all(answer["allowed"] and "warnings" not in answer for answer in late)
+
+
+def _audit_samples_by_process(metrics_dir) -> dict[int, dict[tuple[str, str], float]]:
+    """The audit gauges each process wrote (``{pid: {(metric, type): value}}``), from the metric
+    files of the multi-process mode; a process that only inherited a gauge writes it unset."""
+    from prometheus_client.mmap_dict import MmapedDict
+
+    written: dict[int, dict[tuple[str, str], float]] = {}
+    for path in metrics_dir.glob("gauge_*.db"):
+        pid = int(path.stem.rsplit("_", 1)[1])
+        for key, value, timestamp, _ in MmapedDict.read_all_values_from_file(str(path)):
+            name, _, labels, _ = json.loads(key)
+            if name.startswith("admit_guard_audit_") and (value or timestamp):
+                written.setdefault(pid, {})[name, labels.get("type", "")] = value
+    return written
+
+
+def test_the_replica_audits_once_in_the_master_and_every_worker_exports_it(tmp_path):
+    """``--audit-interval``: the master audits the state its workers are forked from, once per
+    replica. An audit in each worker read every record and so copied the whole state into
+    every worker; every worker's /metrics still shows the master's findings."""
+    cluster = Cluster(bookmark_every=0.2)
+    cluster.load("nodes", [node("node-1", cpu="1")])
+    cluster.load(
+        "pods",
+        [
+            pod(f"p{i}", node_name="node-1", requests={"cpu": "1"}, uid=f"u{i}", phase="Running")
+            for i in range(2)
+        ],
+    )
+    apiserver = FakeApiServer(cluster)
+    metrics_dir = tmp_path / "metrics"
+    try:
+        kubeconfig = apiserver.kubeconfig(tmp_path / "kubeconfig")
+        args = ("--kubeconfig", kubeconfig, "--audit-interval", "1")
+        with live_server(tmp_path, *args, metrics_dir=metrics_dir) as server:
+            deadline = time.monotonic() + 15
+            while _metric(server, "admit_guard_audit_findings", type="Overcommitted") != 1:
+                assert time.monotonic() < deadline, "no audit finding on /metrics"
+                time.sleep(0.1)
+            workers = worker_pids(server.process.pid)
+            time.sleep(2.5)  # two more audit passes
+            written = _audit_samples_by_process(metrics_dir)
+            assert set(written) == {server.process.pid}, written
+            assert written[server.process.pid]["admit_guard_audit_findings", "Overcommitted"] == 1
+            for _ in range(2 * len(workers)):  # new connections: each worker answers some
+                assert _metric(server, "admit_guard_audit_findings", type="Overcommitted") == 1
+            cluster.delete("pods", "u1")
+            deadline = time.monotonic() + 15
+            while _metric(server, "admit_guard_audit_findings", type="Overcommitted") != 0:
+                assert time.monotonic() < deadline, "a resolved finding still counted"
+                time.sleep(0.1)
+    finally:
+        apiserver.close()
+
+
+def test_a_snapshot_replica_audits_once_in_the_master_too(tmp_path):
+    metrics_dir = tmp_path / "metrics"
+    args = ("--cluster", str(EXAMPLES / "cluster"), "--audit-interval", "1")
+    with live_server(tmp_path, *args, metrics_dir=metrics_dir) as server:
+        deadline = time.monotonic() + 15
+        while _metric(server, "admit_guard_audit_findings", type="MixedDeviceScheduler") != 1:
+            assert time.monotonic() < deadline, "no audit finding on /metrics"
+            time.sleep(0.1)
+        assert set(_audit_samples_by_process(metrics_dir)) == {server.process.pid}
+        assert _metric(server, "admit_guard_audit_last_run_timestamp_seconds", source="snapshot") > 0

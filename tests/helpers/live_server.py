@@ -117,10 +117,16 @@ def free_port() -> int:
 
 @contextmanager
 def live_server(
-    workdir: Path, *args: str, workers: int = 2, threads: int = 4, ready: bool = True
+    workdir: Path,
+    *args: str,
+    workers: int = 2,
+    threads: int = 4,
+    ready: bool = True,
+    metrics_dir: Path | None = None,
 ) -> Iterator[LiveServer]:
     """Start the server, wait until /readyz answers over verified TLS (``ready``; else only until
-    /healthz does), stop it on exit."""
+    /healthz does), stop it on exit. ``metrics_dir``: where its processes write their metrics
+    (else a directory of its own)."""
     cert_dir = workdir / "certs"
     if not (cert_dir / "tls.crt").exists():
         issue("admit-guard", "admit-guard", cert_dir)
@@ -130,6 +136,8 @@ def live_server(
         "--workers", str(workers), "--threads", str(threads), "--log-level", "warning", *args,
     ]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+    if metrics_dir is not None:
+        env["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
     log = (workdir / "server.log").open("wb")
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
     server = LiveServer(port, cert_dir, process, workdir / "server.log")

@@ -222,19 +222,16 @@ def test_the_audit_of_devices_follows_the_policy_mode():
 
 
 def test_the_periodic_audit_counts_devices_handed_out_twice():
-    from webhook.serve.metrics import Metrics
+    from tests.helpers.audit_gauges import ScrapedGauges
     from webhook.serve.periodic_audit import PeriodicAudit
 
     first = claim("a", namespace="ml", results=[result("gpu-0")])
     second = claim("b", namespace="ml", results=[result("gpu-0")])
     state = state_with(slices=[resource_slice(devices=gpus("gpu-0"))], claims=[first, second])
-    metrics = Metrics()
-    found = PeriodicAudit(FixedState(state), config_from_dict({}), metrics.audit, 60).run_once()
+    metrics = ScrapedGauges()
+    found = PeriodicAudit(FixedState(state), config_from_dict({}), metrics, 60).run_once()
     assert [f.type for f in found] == ["DeviceAlreadyAllocated"]
-    assert (
-        'admit_guard_audit_findings{namespace="ml",type="DeviceAlreadyAllocated"} 1.0'
-        in metrics.scrape().decode()
-    )
+    assert 'admit_guard_audit_findings{namespace="ml",type="DeviceAlreadyAllocated"} 1.0' in metrics.scrape()
 
 
 def test_a_read_only_allocation_table_still_coordinates_through_the_pools_lease(

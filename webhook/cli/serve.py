@@ -162,13 +162,17 @@ def serve(
         state = None if origin.live else origin.snapshot(config.storm_breaker)
     prefork.metrics_directory()
     replica = prefork.replica_state(config, origin, max_state_age) if origin.live else None
+    if audit_interval:
+        from ..state.source import FixedState
+
+        source = replica.leader if replica is not None else FixedState(state)
+        prefork.replica_audit(config, source, audit_interval, "informer" if replica else "snapshot")
     app = prefork.worker_app(
         config,
         origin,
         state,
         reservations=prefork.shared_directory("admit-guard-reservations-"),
         max_body_bytes=max_body_bytes,
-        audit_interval=audit_interval,
         require_client_cert=client_auth is not None,
         replica=replica,
     )
@@ -191,8 +195,7 @@ def serve(
     )
     log_decisions_to_stderr()
     log_events_to_stderr(log_level)
-    # An audit in every worker reads every record: renewing workers by memory would not end.
-    GuardServer(app, options, replica, renew_by_memory=not audit_interval).run()
+    GuardServer(app, options, replica).run()
 
 
 def _client_auth(config: Config, client_ca: Path | None, client_cns: tuple[str, ...]) -> ClientAuth | None:

@@ -33,7 +33,6 @@ from .metrics import Metrics
 from .wsgi import AdmissionEndpoints, error_body
 
 SOURCE_EXTENSION = "admit_guard.state_source"
-AUDIT_EXTENSION = "admit_guard.periodic_audit"
 DECISION_LOG = "admit_guard.decision"
 
 
@@ -43,7 +42,6 @@ def create_app(
     *,
     source_name: str = "snapshot",
     max_body_bytes: int = MAX_BODY_BYTES,
-    audit_interval: float | None = None,
     bind_guard: BindGuard | None = None,
     storm_probes: SharedProbes | None = None,
     allocation_guard: AllocationGuard | None = None,
@@ -51,7 +49,6 @@ def create_app(
 ) -> Flask:
     """Build the webhook app. ``source`` supplies the cluster state and its readiness.
 
-    ``audit_interval``: run the node audit on the state every so many seconds (gauges).
     ``storm_probes``: where the storm breakers' probe slots are shared (None: this worker alone).
     ``require_client_cert``: answer /validate and /mutate only for callers whose client
     certificate the server verified (``serve --client-ca``); others get 403.
@@ -61,12 +58,6 @@ def create_app(
     app.extensions[SOURCE_EXTENSION] = source  # gunicorn's worker_exit closes it
     metrics = Metrics()
     log_line = line_writer(logging.getLogger(DECISION_LOG))
-    if audit_interval:
-        from .periodic_audit import PeriodicAudit
-
-        app.extensions[AUDIT_EXTENSION] = PeriodicAudit(
-            source, config, metrics.audit, audit_interval, source_name
-        ).start()
 
     def observe(state) -> None:
         if state.storm is not None:

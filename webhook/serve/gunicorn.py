@@ -111,14 +111,12 @@ class GuardServer(BaseApplication):
         app_factory: Callable[[], Any],
         options: ServeOptions,
         replica: ReplicaState | None = None,
-        *,
-        renew_by_memory: bool = True,
     ) -> None:
         self._factory = app_factory
         self._options = options
         # A live state: the master's informer, its workers forked from it and renewed.
         self.replica = replica
-        self.renewal = Renewal(replica, by_memory=renew_by_memory) if replica is not None else None
+        self.renewal = Renewal(replica) if replica is not None else None
         # Read by GuardWorker (worker.py) through its ``app``.
         self.request_timeout = options.request_timeout
         self.first_byte_timeout = options.first_byte_timeout

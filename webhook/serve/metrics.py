@@ -151,7 +151,6 @@ class Metrics:
             ["reason"],
             registry=registry,
         )
-        self.audit = AuditGauges(registry)
         self.storm = StormGauges(registry)
         self._state_observed_at = float("-inf")
         self._storm_observed_at = float("-inf")
@@ -262,7 +261,9 @@ class _LabelledValues:
 class AuditGauges:
     """The periodic audit's findings by type and namespace (``serve --audit-interval``).
 
-    A resolved finding reads as 0, never as its last count.
+    A resolved finding reads as 0, never as its last count. The master audits, once per
+    replica: across processes each gauge reads the value written last (a worker only inherits
+    them, unset).
     """
 
     def __init__(self, registry: CollectorRegistry | None) -> None:
@@ -270,21 +271,21 @@ class AuditGauges:
             "admit_guard_audit_findings",
             "Findings of the last periodic audit, by finding type and namespace ('' for nodes).",
             ["type", "namespace"],
-            multiprocess_mode="livemax",
+            multiprocess_mode="livemostrecent",
             registry=registry,
         )
         self.last_run = Gauge(
             "admit_guard_audit_last_run_timestamp_seconds",
-            "Wall-clock time the last periodic audit finished (oldest worker).",
+            "Wall-clock time the last periodic audit finished.",
             ["source"],
-            multiprocess_mode="livemin",
+            multiprocess_mode="livemostrecent",
             registry=registry,
         )
         self.duration = Gauge(
             "admit_guard_audit_duration_seconds",
-            "How long the last periodic audit took (slowest worker).",
+            "How long the last periodic audit took.",
             ["source"],
-            multiprocess_mode="livemax",
+            multiprocess_mode="livemostrecent",
             registry=registry,
         )
         self._findings = _LabelledValues(self.findings)

@@ -11,11 +11,16 @@ every type, old storms, pinned workloads and ``TopologyRejectedPods`` included.
 
 Reviews read the same state under the same lock, so the audit takes it one chunk of nodes (or
 claims) at a time: an admission review never waits for more than one chunk.
+
+``serve`` runs one per replica, in gunicorn's master (``prefork.replica_audit``), which forks
+workers while the audit runs: its gauges are published under a lock held across every fork, so
+no worker starts with the metrics client's lock held by a thread it does not have.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections import Counter
@@ -47,8 +52,14 @@ class PeriodicAudit:
         self.source_name = source_name
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._publishing = threading.Lock()
 
     def start(self) -> PeriodicAudit:
+        os.register_at_fork(
+            before=self._publishing.acquire,
+            after_in_parent=self._publishing.release,
+            after_in_child=self._publishing.release,
+        )
         self._thread = threading.Thread(target=self._loop, name="periodic-audit", daemon=True)
         self._thread.start()
         return self
@@ -89,5 +100,6 @@ class PeriodicAudit:
                         findings += audit.findings(view.state)
         counts = Counter({(t, ""): 0 for types, _, _ in keyed for t in types})
         counts.update(Counter((f.type, f.namespace) for f in findings))
-        self.gauges.publish(counts, self.source_name, time.time(), time.perf_counter() - started)
+        with self._publishing:
+            self.gauges.publish(counts, self.source_name, time.time(), time.perf_counter() - started)
         return findings

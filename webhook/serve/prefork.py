@@ -2,12 +2,13 @@
 
 Before the fork, in the master: a fresh directory for the workers' metric files, a directory
 the workers share for their reservation table, and the cluster state: a snapshot loaded once,
-or the replica's informer (``replica``), so that every worker shares its pages. After the
-fork, in each worker: its own watches from where the master's state stands, its lease store
-(threads and connections do not survive a fork), and the Flask app over them.
+or the replica's informer (``replica``), so that every worker shares its pages; and the
+replica's periodic audit of that state (``replica_audit``). After the fork, in each worker: its
+own watches from where the master's state stands, its lease store (threads and connections do
+not survive a fork), and the Flask app over them.
 
-The metrics client picks its multi-process mode when it is first imported: ``worker_app``
-imports the app only when called, and must be called after ``metrics_directory``.
+The metrics client picks its multi-process mode when it is first imported: ``worker_app`` and
+``replica_audit`` import the metrics only when called, after ``metrics_directory``.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ if TYPE_CHECKING:
     from ..config import Config
     from ..state import ClusterState
     from ..state.origin import StateOrigin
+    from ..state.source import StateSource
+    from .periodic_audit import PeriodicAudit
     from .replica import ReplicaState
 
 
@@ -66,6 +69,17 @@ def replica_state(config: Config, origin: StateOrigin, max_state_age: float) -> 
     return ReplicaState(leader).hold_across_forks()
 
 
+def replica_audit(config: Config, source: StateSource, interval: float, source_name: str) -> PeriodicAudit:
+    """In the master: the replica's one periodic audit (``serve --audit-interval``), of the state
+    its workers are forked from; its gauges reach every worker's /metrics through the metric
+    files. An audit in each worker read every record, and so copied the whole state into every
+    worker: the replica held a copy of the cluster per worker again (issue 31)."""
+    from .metrics import AuditGauges
+    from .periodic_audit import PeriodicAudit
+
+    return PeriodicAudit(source, config, AuditGauges(None), interval, source_name).start()
+
+
 def worker_app(
     config: Config,
     origin: StateOrigin,
@@ -73,7 +87,6 @@ def worker_app(
     *,
     reservations: Path,
     max_body_bytes: int,
-    audit_interval: float | None,
     require_client_cert: bool = False,
     replica: ReplicaState | None = None,
 ) -> Callable[[], Any]:
@@ -115,7 +128,6 @@ def worker_app(
             source,
             source_name=source_name,
             max_body_bytes=max_body_bytes,
-            audit_interval=audit_interval,
             bind_guard=BindGuard(config, local, leases),
             storm_probes=probes,
             allocation_guard=allocations,

@@ -158,9 +158,6 @@ class Renewal:
 
     replica: ReplicaState
     budget: int = 0  # bytes; 0: ``BUDGET_SHARE`` of the leader's resident memory
-    # Off where every worker reads every record on its own (``serve --audit-interval``): each
-    # audit pass would copy a worker's whole state again, and renewals would never end.
-    by_memory: bool = True
     settle: float = SETTLE_SECONDS
     spacing: float = SPACING_SECONDS
     check_every: float = CHECK_SECONDS
@@ -213,7 +210,7 @@ class Renewal:
             pid = min(self.unsynced)
             log.info("renewing worker %s: forked before the replica's informer was synced", pid)
             return pid
-        if not self.by_memory or now < max(self.next_check, self.next_renewal):
+        if now < max(self.next_check, self.next_renewal):
             return None
         self.next_check = now + self.check_every
         budget = self.budget or max(MIN_BUDGET, int(BUDGET_SHARE * resident_bytes(os.getpid())))

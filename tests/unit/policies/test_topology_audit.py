@@ -5,6 +5,7 @@ periodic audit)."""
 
 from __future__ import annotations
 
+from tests.helpers.audit_gauges import ScrapedGauges
 from tests.helpers.builders import node, pod
 from tests.helpers.live_server import metric_sum
 from tests.helpers.storm import rejected
@@ -14,7 +15,6 @@ from webhook.config import Config, config_from_dict
 from webhook.kube.podfingerprint import pod_hash, sign
 from webhook.policies.node_admission.topology_audit import STALE_TOPOLOGY, TOPOLOGY_REJECTED
 from webhook.policies.storm_breaker import REASON as STORM
-from webhook.serve.metrics import Metrics
 from webhook.serve.periodic_audit import PeriodicAudit
 from webhook.state.apiserver import Page
 from webhook.state.inventory import InventoryBuilder, live_inventory
@@ -192,10 +192,10 @@ def test_pods_bound_since_the_nrt_last_changed_are_named_as_the_exporter_catchin
 def test_the_periodic_audit_publishes_stale_nrts_as_a_gauge_and_not_the_failed_pods_it_cannot_see():
     [(types, _), *_] = audit.periodic_passes(Config())
     assert STALE_TOPOLOGY in types and TOPOLOGY_REJECTED not in types
-    metrics = Metrics()
-    periodic = PeriodicAudit(FixedState(live_state(fingerprint_of())), Config(), metrics.audit, 60)
+    metrics = ScrapedGauges()
+    periodic = PeriodicAudit(FixedState(live_state(fingerprint_of())), Config(), metrics, 60)
     assert [f.type for f in periodic.run_once()] == [STALE_TOPOLOGY]
-    scraped = metrics.scrape().decode()
+    scraped = metrics.scrape()
     assert metric_sum(scraped, "admit_guard_audit_findings", type=STALE_TOPOLOGY) == 1
     assert 'type="TopologyRejectedPods"' not in scraped
 

@@ -7,6 +7,7 @@ import json
 import time
 from contextlib import contextmanager
 
+from tests.helpers.audit_gauges import ScrapedGauges
 from tests.helpers.builders import node, pod
 from tests.helpers.live_server import metric_sum
 from tests.helpers.paths import EXAMPLES
@@ -27,19 +28,19 @@ def gpu_state() -> ClusterState:
     return state
 
 
-def findings_gauge(metrics: Metrics, **labels) -> float:
-    return metric_sum(metrics.scrape().decode(), "admit_guard_audit_findings", **labels)
+def findings_gauge(metrics: ScrapedGauges, **labels) -> float:
+    return metric_sum(metrics.scrape(), "admit_guard_audit_findings", **labels)
 
 
 def test_the_periodic_audit_publishes_node_findings_and_zeroes_resolved_ones():
-    state, metrics = gpu_state(), Metrics()
-    periodic = PeriodicAudit(FixedState(state), Config(), metrics.audit, 60)
+    state, metrics = gpu_state(), ScrapedGauges()
+    periodic = PeriodicAudit(FixedState(state), Config(), metrics, 60)
     [finding] = periodic.run_once()
     assert (finding.type, finding.name) == ("MixedDeviceScheduler", "gpu-1")
     assert findings_gauge(metrics, type="MixedDeviceScheduler", namespace="") == 1
     state.remove_pod("uid-b")
     assert periodic.run_once() == []
-    text = metrics.scrape().decode()
+    text = metrics.scrape()
     assert 'admit_guard_audit_findings{namespace="",type="MixedDeviceScheduler"} 0.0' in text
     assert metric_sum(text, "admit_guard_audit_last_run_timestamp_seconds", source="snapshot") > 0
 
@@ -48,11 +49,11 @@ def test_the_periodic_audit_counts_storms_in_progress_by_namespace_and_zeroes_en
     from webhook.kube.rejection import Owner
     from webhook.state.storm import StormBreakers
 
-    state, metrics = ClusterState(StormBreakers(threshold=2, window=60, cooldown=10)), Metrics()
+    state, metrics = ClusterState(StormBreakers(threshold=2, window=60, cooldown=10)), ScrapedGauges()
     owner = Owner("rs-1", "ReplicaSet", "trainer-7d9f", "ml")
     for n in range(2):
         state.storm.rejected(owner, f"p{n}", "OutOfcpu", "n1", 100 + n)
-    periodic = PeriodicAudit(FixedState(state), Config(), metrics.audit, 60)
+    periodic = PeriodicAudit(FixedState(state), Config(), metrics, 60)
     periodic.run_once()
     assert findings_gauge(metrics, type="AdmissionStorm", namespace="ml") == 1
     state.storm.probe_admitted("rs-1", 120)
@@ -75,7 +76,7 @@ def test_the_periodic_audit_reads_the_state_one_chunk_of_nodes_at_a_time(monkeyp
             CountingSource.reads += 1
             yield StateView(self.state)
 
-    PeriodicAudit(CountingSource(state), Config(), Metrics().audit, 60).run_once()
+    PeriodicAudit(CountingSource(state), Config(), ScrapedGauges(), 60).run_once()
     assert CountingSource.reads == 1 + 3  # the node list, then 2 + 2 + 1 nodes (the last with the findings)
 
 
@@ -85,26 +86,9 @@ def test_without_usable_state_the_audit_leaves_the_gauges_alone():
         def reading(self):
             yield StateView(None, "not synced")
 
-    metrics = Metrics()
-    assert PeriodicAudit(Unavailable(None), Config(), metrics.audit, 60).run_once() is None
-    assert "admit_guard_audit_findings{" not in metrics.scrape().decode()
-
-
-def test_serve_with_an_audit_interval_exports_findings_on_metrics():
-    app = create_app(Config(), FixedState(gpu_state()), audit_interval=0.05)
-    client = app.test_client()
-    deadline = time.monotonic() + 10
-    value = 0.0
-    while time.monotonic() < deadline and value == 0:
-        value = metric_sum(client.get("/metrics").get_data(as_text=True), "admit_guard_audit_findings")
-        time.sleep(0.02)
-    assert value == 1
-    app.extensions["admit_guard.periodic_audit"].stop()
-
-
-def test_without_an_audit_interval_no_audit_runs():
-    app = create_app(Config(), FixedState(gpu_state()))
-    assert "admit_guard.periodic_audit" not in app.extensions
+    metrics = ScrapedGauges()
+    assert PeriodicAudit(Unavailable(None), Config(), metrics, 60).run_once() is None
+    assert "admit_guard_audit_findings{" not in metrics.scrape()
 
 
 def test_readiness_and_fail_open_decisions_are_exported():
@@ -144,7 +128,7 @@ def test_the_periodic_audit_makes_no_api_request_of_its_own(tmp_path):
         while len(cluster.requests) < 4 and time.monotonic() < deadline:  # both lists and both watches
             time.sleep(0.01)
         before = list(cluster.requests)
-        periodic = PeriodicAudit(informer, Config(), Metrics().audit, 60, "informer")
+        periodic = PeriodicAudit(informer, Config(), ScrapedGauges(), 60, "informer")
         for _ in range(3):
             [finding] = periodic.run_once()
             assert finding.type == "MixedDeviceScheduler"

@@ -193,14 +193,6 @@ def test_a_worker_within_its_budget_is_kept(monkeypatch):
     assert renewal.old is None and arbiter.num_workers == 2 and renewal.renewals == 0
 
 
-def test_no_worker_is_renewed_by_memory_where_every_worker_audits_the_whole_state(monkeypatch):
-    monkeypatch.setattr(replica_module, "private_bytes", lambda pid: 500 * MIB)
-    renewal, arbiter = _renewal(budget=64 * MIB, by_memory=False), FakeArbiter()
-    renewal.forked(102, resumable=False)
-    renewal.step(arbiter, now=0.0)
-    assert renewal.old == 102  # a worker with no state is still renewed
-
-
 def test_a_worker_that_dies_while_renewed_ends_the_renewal_without_a_kill():
     renewal, arbiter = _renewal(), FakeArbiter()
     renewal.forked(101, resumable=False)
