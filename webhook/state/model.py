@@ -395,6 +395,11 @@ class ClusterState:
         """Aggregates of the active pods on a node (kept even while the Node is missing)."""
         return self._usage.get(node_name, _EMPTY_USAGE)
 
+    def held_devices(self, node: str) -> Mapping[str, Mapping[str, int]]:
+        """The extended resources active pods bound to ``node`` hold, each with how many pods
+        hold it per scheduler (read-only: the state keeps them as pods come and go)."""
+        return MappingProxyType(self._node_devices.get(node, {}))
+
     def device_holders(self, node: str, resource: str) -> Mapping[str, int]:
         """How many active pods bound to ``node`` hold ``resource``, per scheduler."""
         return MappingProxyType(self._node_devices.get(node, {}).get(resource) or Counter())

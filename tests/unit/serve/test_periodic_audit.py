@@ -45,6 +45,27 @@ def test_the_periodic_audit_publishes_node_findings_and_zeroes_resolved_ones():
     assert metric_sum(text, "admit_guard_audit_last_run_timestamp_seconds", source="snapshot") > 0
 
 
+class UnreadPods(dict):
+    """A node's pods whose records the test forbids reading (their keys may be looked up)."""
+
+    def _read(self, *args):
+        raise AssertionError("the audit read the records of the node's pods")
+
+    values = items = __iter__ = _read
+
+
+def test_the_periodic_audit_counts_device_holders_without_reading_the_pods_records():
+    """The master audits the state its workers share copy-on-write: reading every pod's record
+    there (a reference count bumped) copied the whole state into every worker. Who holds a
+    device comes from the state's counts per scheduler."""
+    state = gpu_state()
+    usage = state.usage("gpu-1")
+    usage.pods = UnreadPods(usage.pods)
+    [finding] = PeriodicAudit(FixedState(state), Config(), ScrapedGauges(), 60).run_once()
+    assert finding.type == "MixedDeviceScheduler"
+    assert "held by default-scheduler (1 pod), volcano (1 pod); 2 of 4 allocated" in finding.message
+
+
 def test_the_periodic_audit_counts_storms_in_progress_by_namespace_and_zeroes_ended_ones():
     from webhook.kube.rejection import Owner
     from webhook.state.storm import StormBreakers

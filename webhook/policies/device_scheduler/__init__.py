@@ -129,7 +129,7 @@ def audit(scope: AuditScope, context: Context) -> list[Finding]:
         node = state.nodes.get(name)
         usage = state.usage(name)
         if node is not None and usage.pods:
-            findings += mixed(node, usage, settings, bypass)
+            findings += mixed(node, usage, state.held_devices(name), settings, bypass)
     return findings
 
 

@@ -5,6 +5,7 @@ or by pods other than its configured owner's, judged as a bind to the node is (`
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from ...kube.quantity import format_amount
@@ -39,17 +40,18 @@ def _pinned_by_controller(inventory: Inventory, owner: Owner | None) -> bool:
 
 
 def mixed(
-    node: Node, usage: NodeUsage, devices: DeviceSchedulerConfig, bypass: frozenset[str]
+    node: Node,
+    usage: NodeUsage,
+    held: Mapping[str, Mapping[str, int]],
+    devices: DeviceSchedulerConfig,
+    bypass: frozenset[str],
 ) -> list[Finding]:
     """The device resources of ``node`` whose holders race: one finding each.
 
-    ``bypass``: keys of pods whose controller set nodeName (they count as their own holder)."""
-    holders: dict[str, Counter[str]] = {}
-    for key, record in usage.pods.items():
-        for resource in record.devices:
-            if devices.is_device(resource):
-                holder = BYPASS if key in bypass else record.scheduler
-                holders.setdefault(resource, Counter())[holder] += 1
+    ``held``: the state's counts of the node's device holders per scheduler
+    (``ClusterState.held_devices``); ``bypass``: keys of pods whose controller set nodeName
+    (they count as their own holder)."""
+    holders = _holders(usage, held, devices, bypass)
     findings = []
     for resource, counts in sorted(holders.items()):
         # Judged as a bind to this node is: the owner configured for the node's pool, else the
@@ -84,6 +86,28 @@ def mixed(
             )
         )
     return findings
+
+
+def _holders(
+    usage: NodeUsage,
+    held: Mapping[str, Mapping[str, int]],
+    devices: DeviceSchedulerConfig,
+    bypass: frozenset[str],
+) -> dict[str, Counter[str]]:
+    """Who holds each device resource on the node. The state's counts leave the pods' records
+    untouched: the server audits in its master, whose state the workers share copy-on-write,
+    and reading every record there (a reference count bumped) copied it into every worker. Only
+    pods whose controller set nodeName (``bypass``, known where the workloads were read:
+    ``admit-guard audit``) need a scan of the node's pods, to count as their own holder."""
+    if not bypass:
+        return {resource: Counter(counts) for resource, counts in held.items() if devices.is_device(resource)}
+    holders: dict[str, Counter[str]] = {}
+    for key, record in usage.pods.items():
+        for resource in record.devices:
+            if devices.is_device(resource):
+                holder = BYPASS if key in bypass else record.scheduler
+                holders.setdefault(resource, Counter())[holder] += 1
+    return holders
 
 
 def _pods(n: int) -> str:
