@@ -103,7 +103,11 @@ def settled(master: int, workers: int, quiet: float = 3.0, limit: float = 600.0)
     return time.monotonic() - started
 
 
-def run(root: Path, workers: int, kubeconfig: str, workdir: Path, extra: tuple[str, ...] = ()) -> dict:
+def run(
+    root: Path, workers: int, kubeconfig: str, workdir: Path, extra: tuple[str, ...] = (), watch: float = 0.0
+) -> dict:
+    """One server from start to settled; then, for ``watch`` seconds, the replica's PSS every
+    2 s (renewals and audit passes included): its peak and its last."""
     cert_dir = workdir / "certs"
     if not (cert_dir / "tls.crt").exists():
         issue("admit-guard", "admit-guard", cert_dir)
@@ -126,7 +130,14 @@ def run(root: Path, workers: int, kubeconfig: str, workdir: Path, extra: tuple[s
         at_ready, _ = replica_memory(process.pid)
         settle = settled(process.pid, workers)
         after, rows = replica_memory(process.pid)
+        samples = []
+        for _ in range(int(watch / 2)):
+            time.sleep(2)
+            samples.append(replica_memory(process.pid)[0])
+        renewals = sum(b"renewing worker" in line for line in (workdir / f"server-{workers}.log").open("rb"))
         return {
+            "watched": (max(samples), samples[-1]) if samples else None,
+            "renewals": renewals,
             "workers": workers,
             "ready_s": ready_after,
             "pss_at_ready": at_ready,
@@ -150,6 +161,7 @@ def main() -> None:
     parser.add_argument("--workers", default="1,2", help="worker counts to run, in order")
     parser.add_argument("--root", type=Path, default=ROOT, help="the checkout whose server runs")
     parser.add_argument("--audit-interval", type=float, help="serve with the periodic audit on")
+    parser.add_argument("--watch", type=float, default=0.0, help="then sample the PSS for this many seconds")
     args = parser.parse_args()
     extra = ("--audit-interval", str(args.audit_interval)) if args.audit_interval else ()
     server, url = serve_cluster(args)
@@ -162,7 +174,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             kubeconfig = write_kubeconfig(Path(tmp) / "kubeconfig", url, Cluster().token)
             for workers in (int(w) for w in args.workers.split(",")):
-                result = run(args.root, workers, kubeconfig, Path(tmp), extra)
+                result = run(args.root, workers, kubeconfig, Path(tmp), extra, args.watch)
                 results.append(result)
                 rows = ", ".join(
                     f"{'master' if i == 0 else 'worker'} {pss / MIB:.0f}/{private / MIB:.0f}"
@@ -173,6 +185,12 @@ def main() -> None:
                     f"{result['pss_at_ready'] / MIB:.0f} MiB, after the events {result['pss'] / MIB:.0f} MiB "
                     f"(settled {result['settle_s']:.0f} s later; PSS/private MiB: {rows})"
                 )
+                if result["watched"]:
+                    peak, last = result["watched"]
+                    print(
+                        f"  over the next {args.watch:.0f} s: peak {peak / MIB:.0f} MiB, "
+                        f"last {last / MIB:.0f} MiB; {result['renewals']} worker renewals since the start"
+                    )
     finally:
         server.stdin.close()
         server.wait(timeout=60)

@@ -73,11 +73,12 @@ def replica_audit(config: Config, source: StateSource, interval: float, source_n
     """In the master: the replica's one periodic audit (``serve --audit-interval``), of the state
     its workers are forked from; its gauges reach every worker's /metrics through the metric
     files. An audit in each worker read every record, and so copied the whole state into every
-    worker: the replica held a copy of the cluster per worker again (issue 31)."""
+    worker: the replica held a copy of the cluster per worker again (issue 31). Each pass runs
+    in a child forked for it, so that the master does not copy what the workers share."""
     from .metrics import AuditGauges
     from .periodic_audit import PeriodicAudit
 
-    return PeriodicAudit(source, config, AuditGauges(None), interval, source_name).start()
+    return PeriodicAudit(source, config, AuditGauges(None), interval, source_name, in_child=True).start()
 
 
 def worker_app(

@@ -9,8 +9,9 @@ nothing and is ready as soon as it is forked.
 
 A worker's own watch events, and the reference counts its reads bump, copy the pages they
 touch: its private memory grows from a few MiB at the fork. ``Renewal`` (run by the master's
-loop) forks a fresh worker from the leader's current state when one passes its budget, and
-retires the old one once the new one has had time to listen, one worker at a time. Workers
+loop) forks a fresh worker from the leader's current state when one passes its budget, or
+when the leader's own writes since the fork do, and retires the old one once the new one has
+had time to listen, one worker at a time. Workers
 forked while the leader was still listing (the replica starting) have no state
 (``AwaitingLeader``: not ready, and one of them listens so that the liveness probe is
 answered); they are renewed as soon as the leader is synced.
@@ -47,6 +48,10 @@ MIB = 1 << 20
 # buffers: 128 MiB at most under the shipped limit), which a fresh fork would not shed.
 BUDGET_SHARE = 0.25
 MIN_BUDGET = 128 * MIB
+# What the leader may have written since the workers' fork before the oldest is renewed: its
+# writes are a second copy of what they touch, and it holds no request buffers to spare.
+LEADER_BUDGET_SHARE = 0.1
+LEADER_MIN_BUDGET = 64 * MIB
 CHECK_SECONDS = 10.0  # how often the master reads its workers' memory
 SETTLE_SECONDS = 1.0  # a fresh worker listens within a few hundred ms of its fork
 SPACING_SECONDS = 30.0  # between two renewals: the replica never renews two workers at once
@@ -157,12 +162,14 @@ class Renewal:
     """
 
     replica: ReplicaState
-    budget: int = 0  # bytes; 0: ``BUDGET_SHARE`` of the leader's resident memory
+    budget: int = 0  # bytes, for workers and leader; 0: shares of the leader's resident memory
     settle: float = SETTLE_SECONDS
     spacing: float = SPACING_SECONDS
     check_every: float = CHECK_SECONDS
     # Workers forked while the leader could not be resumed: renewed first, without a check.
     unsynced: set[int] = field(default_factory=set)
+    born: dict[int, int] = field(default_factory=dict)  # pid: order of its fork
+    forks: int = 0
     old: int | None = None
     fresh_since: float | None = None
     retired: bool = False
@@ -171,6 +178,8 @@ class Renewal:
     renewals: int = 0
 
     def forked(self, pid: int, resumable: bool) -> None:
+        self.forks += 1
+        self.born[pid] = self.forks
         if not resumable:
             self.unsynced.add(pid)
 
@@ -178,6 +187,7 @@ class Renewal:
         now = time.monotonic() if now is None else now
         workers = arbiter.WORKERS
         self.unsynced &= workers.keys()
+        self.born = {pid: n for pid, n in self.born.items() if pid in workers}
         if self.old is None:
             self._start(arbiter, now)
         elif self.old not in workers:  # it left (retired, or died meanwhile)
@@ -205,7 +215,12 @@ class Renewal:
 
     def _due(self, workers, now: float) -> int | None:
         """The worker to renew: one forked before the leader synced, else the one furthest
-        over its memory budget."""
+        over its memory budget, else, once the leader's own memory is over it, the oldest.
+
+        What the leader writes after a fork (watch events, the periodic audit's reference
+        counts) it copies, and the workers keep those pages as they were. With one worker they
+        become that worker's own; with more, they stay shared among the workers, so no worker's
+        private memory shows them, and the leader's does."""
         if self.unsynced:
             pid = min(self.unsynced)
             log.info("renewing worker %s: forked before the replica's informer was synced", pid)
@@ -213,15 +228,30 @@ class Renewal:
         if now < max(self.next_check, self.next_renewal):
             return None
         self.next_check = now + self.check_every
-        budget = self.budget or max(MIN_BUDGET, int(BUDGET_SHARE * resident_bytes(os.getpid())))
+        resident = resident_bytes(os.getpid())
+        budget = self.budget or max(MIN_BUDGET, int(BUDGET_SHARE * resident))
         private = {pid: private_bytes(pid) for pid in workers}
         pid = max(private, key=private.__getitem__, default=None)
-        if pid is None or private[pid] <= budget:
+        if pid is None:
             return None
+        if private[pid] > budget:
+            log.info(
+                "renewing worker %s: %.0f MiB private, over its budget of %.0f MiB",
+                pid,
+                private[pid] / MIB,
+                budget / MIB,
+            )
+            return pid
+        written = private_bytes(os.getpid())
+        budget = self.budget or max(LEADER_MIN_BUDGET, int(LEADER_BUDGET_SHARE * resident))
+        if written <= budget:
+            return None
+        pid = min(workers, key=lambda p: (self.born.get(p, 0), p))
         log.info(
-            "renewing worker %s: %.0f MiB private, over its budget of %.0f MiB",
+            "renewing worker %s, the oldest: the replica's informer wrote %.0f MiB since, over the "
+            "budget of %.0f MiB",
             pid,
-            private[pid] / MIB,
+            written / MIB,
             budget / MIB,
         )
         return pid

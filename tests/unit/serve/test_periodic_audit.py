@@ -4,6 +4,7 @@ the operating signals the alerts read (readiness, unchecked decisions)."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from contextlib import contextmanager
 
@@ -64,6 +65,46 @@ def test_the_periodic_audit_counts_device_holders_without_reading_the_pods_recor
     [finding] = PeriodicAudit(FixedState(state), Config(), ScrapedGauges(), 60).run_once()
     assert finding.type == "MixedDeviceScheduler"
     assert "held by default-scheduler (1 pod), volcano (1 pod); 2 of 4 allocated" in finding.message
+
+
+class ReadersOnFile(FixedState):
+    """A state source that writes down, in a file, the pid of each process that reads it."""
+
+    def __init__(self, state: ClusterState, path) -> None:
+        super().__init__(state)
+        self.path = path
+
+    @contextmanager
+    def reading(self):
+        with open(self.path, "a") as readers:
+            readers.write(f"{os.getpid()}\n")
+        yield StateView(self.state)
+
+
+def test_each_pass_of_the_replicas_audit_reads_the_state_in_a_process_forked_for_it(tmp_path):
+    """The master's audit reads every record: done there, the reference counts it bumps would
+    copy the pages the workers share. A child forked for the pass copies them, and frees them
+    when it exits; the master publishes what it found."""
+    readers, metrics = tmp_path / "readers", ScrapedGauges()
+    audit = PeriodicAudit(ReadersOnFile(gpu_state(), readers), Config(), metrics, 60, in_child=True)
+    found = audit.run_once()
+    assert [(f.type, f.namespace) for f in found] == [("MixedDeviceScheduler", "")]
+    pids = set(readers.read_text().split())
+    assert pids and str(os.getpid()) not in pids
+    assert findings_gauge(metrics, type="MixedDeviceScheduler", namespace="") == 1
+
+
+def test_a_pass_that_fails_in_its_process_is_logged_and_leaves_the_gauges(caplog):
+    class Broken(FixedState):
+        @contextmanager
+        def reading(self):
+            raise RuntimeError("the state is broken")
+            yield
+
+    metrics = ScrapedGauges()
+    assert PeriodicAudit(Broken(None), Config(), metrics, 60, in_child=True).run_once() is None
+    assert "the state is broken" in caplog.text
+    assert "admit_guard_audit_findings{" not in metrics.scrape()
 
 
 def test_the_periodic_audit_counts_storms_in_progress_by_namespace_and_zeroes_ended_ones():

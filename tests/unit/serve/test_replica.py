@@ -185,6 +185,20 @@ def test_the_worker_furthest_over_its_memory_budget_is_renewed_one_at_a_time(mon
     assert renewal.old == 101
 
 
+def test_a_leader_that_wrote_past_the_budget_since_the_fork_has_its_oldest_worker_renewed(monkeypatch):
+    """What the leader writes after a fork (watch events, its periodic audit) it copies: the
+    workers keep the pages as they were, shared among themselves, so no worker's memory is its
+    own. The leader's private memory tells: the worker forked longest ago is renewed, and the
+    fresh one shares the leader's pages."""
+    private = {101: 10 * MIB, 102: 10 * MIB, os.getpid(): 200 * MIB}
+    monkeypatch.setattr(replica_module, "private_bytes", lambda pid: private.get(pid, 0))
+    renewal, arbiter = _renewal(budget=64 * MIB), FakeArbiter()
+    renewal.forked(102, resumable=True)
+    renewal.forked(101, resumable=True)
+    renewal.step(arbiter, now=0.0)
+    assert renewal.old == 102 and arbiter.num_workers == 3
+
+
 def test_a_worker_within_its_budget_is_kept(monkeypatch):
     monkeypatch.setattr(replica_module, "private_bytes", lambda pid: 10 * MIB)
     renewal, arbiter = _renewal(budget=64 * MIB), FakeArbiter()
