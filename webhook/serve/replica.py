@@ -67,7 +67,9 @@ class ReplicaState:
 
     def __init__(self, leader: Informer) -> None:
         self.leader = leader
-        self.forked_resumable = False  # whether the last fork left the child a state to follow
+        # Per forking thread (gunicorn's loop forks workers, the periodic audit its passes):
+        # whether this thread's last fork left the child a state to follow.
+        self._forks = threading.local()
 
     def hold_across_forks(self) -> ReplicaState:
         """From now on every fork of this process leaves the child the state whole (once)."""
@@ -81,7 +83,12 @@ class ReplicaState:
     def _hold(self) -> None:
         for lock in self._locks():
             lock.acquire()
-        self.forked_resumable = self.leader.resumable
+        self._forks.resumable = self.leader.resumable
+
+    @property
+    def forked_resumable(self) -> bool:
+        """Whether the calling thread's last fork left the child a state to follow."""
+        return getattr(self._forks, "resumable", False)
 
     def _release(self) -> None:
         for lock in reversed(self._locks()):

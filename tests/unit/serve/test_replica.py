@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from dataclasses import dataclass, field
 
 import orjson
@@ -100,6 +101,31 @@ def test_a_leader_in_the_middle_of_a_relist_cannot_be_followed(cluster, kubeconf
         leader.versions.pop("pods")  # what ``_list`` does from its first page
         assert not leader.resumable
         assert Informer.following(ApiServer.connect(kubeconfig=kubeconfig), leader) is None
+    finally:
+        leader.stop()
+
+
+def _fork_and_reap() -> None:
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+
+
+def test_what_a_fork_left_its_child_is_known_per_forking_thread(cluster, kubeconfig):
+    """gunicorn's loop forks the workers and the periodic audit forks its passes, each from a
+    thread of its own: a pass forked just after a worker must not answer for that worker."""
+    leader = Informer(ApiServer.connect(kubeconfig=kubeconfig), FAST).start()
+    try:
+        assert leader.wait_synced(10)
+        replica = ReplicaState(leader).hold_across_forks()
+        listed = leader.versions.pop("pods")  # a relist under way: a worker forked now has no state
+        _fork_and_reap()
+        leader.versions["pods"] = listed
+        audit = threading.Thread(target=_fork_and_reap)
+        audit.start()
+        audit.join()
+        assert not replica.forked_resumable
     finally:
         leader.stop()
 
