@@ -14,8 +14,8 @@ claims) at a time: an admission review never waits for more than one chunk.
 
 ``serve`` runs one per replica, in gunicorn's master (``prefork.replica_audit``), whose state
 the workers share copy-on-write. A pass reads every record, and each read bumps a reference
-count: done in the master, it copied the pages it touched (at 65,000 nodes / 1.3 M pods, 116
-MiB a pass) while the workers kept the old ones. So each pass runs in a child forked for it
+count: done in the master, it copied the pages it touched (at 65,000 nodes / 1.3 M pods, about
+120 MiB a pass) while the workers kept the old ones. So each pass runs in a child forked for it
 (``in_child``), which copies what it touches in its own pages and frees them when it exits; the
 master publishes what the child sends back. The master forks workers while its audit runs: the
 gauges are published under a lock held across every fork, so no worker starts with the metrics

@@ -224,10 +224,10 @@ class Renewal:
         """The worker to renew: one forked before the leader synced, else the one furthest
         over its memory budget, else, once the leader's own memory is over it, the oldest.
 
-        What the leader writes after a fork (watch events, the periodic audit's reference
-        counts) it copies, and the workers keep those pages as they were. With one worker they
-        become that worker's own; with more, they stay shared among the workers, so no worker's
-        private memory shows them, and the leader's does."""
+        What the leader writes after a fork (the watch events it applies) it copies, and the
+        workers keep those pages as they were. With one worker they become that worker's own;
+        with more, they stay shared among the workers, so no worker's private memory shows
+        them, and the leader's does."""
         if self.unsynced:
             pid = min(self.unsynced)
             log.info("renewing worker %s: forked before the replica's informer was synced", pid)
