@@ -163,10 +163,7 @@ def serve(
     prefork.metrics_directory()
     replica = prefork.replica_state(config, origin, max_state_age) if origin.live else None
     if audit_interval:
-        from ..state.source import FixedState
-
-        source = replica.leader if replica is not None else FixedState(state)
-        prefork.replica_audit(config, source, audit_interval, "informer" if replica else "snapshot")
+        prefork.replica_audit(config, replica, state, audit_interval)
     app = prefork.worker_app(
         config,
         origin,

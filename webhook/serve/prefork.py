@@ -25,7 +25,6 @@ if TYPE_CHECKING:
     from ..config import Config
     from ..state import ClusterState
     from ..state.origin import StateOrigin
-    from ..state.source import StateSource
     from .periodic_audit import PeriodicAudit
     from .replica import ReplicaState
 
@@ -69,16 +68,21 @@ def replica_state(config: Config, origin: StateOrigin, max_state_age: float) -> 
     return ReplicaState(leader).hold_across_forks()
 
 
-def replica_audit(config: Config, source: StateSource, interval: float, source_name: str) -> PeriodicAudit:
+def replica_audit(
+    config: Config, replica: ReplicaState | None, state: ClusterState | None, interval: float
+) -> PeriodicAudit:
     """In the master: the replica's one periodic audit (``serve --audit-interval``), of the state
-    its workers are forked from; its gauges reach every worker's /metrics through the metric
-    files. An audit in each worker read every record, and so copied the whole state into every
-    worker: the replica held a copy of the cluster per worker again (issue 31). Each pass runs
-    in a child forked for it, so that the master does not copy what the workers share."""
+    its workers are forked from (the leader's, or the snapshot); its gauges reach every worker's
+    /metrics through the metric files. An audit in each worker read every record, and so copied
+    the whole state into every worker: the replica held a copy of the cluster per worker again
+    (issue 31). Each pass runs in a child forked for it, so that the master does not copy what
+    the workers share."""
+    from ..state.source import FixedState
     from .metrics import AuditGauges
     from .periodic_audit import PeriodicAudit
 
-    return PeriodicAudit(source, config, AuditGauges(None), interval, source_name, in_child=True).start()
+    source, name = (replica.leader, "informer") if replica is not None else (FixedState(state), "snapshot")
+    return PeriodicAudit(source, config, AuditGauges(None), interval, name, in_child=True).start()
 
 
 def worker_app(

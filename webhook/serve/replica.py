@@ -175,8 +175,7 @@ class Renewal:
     check_every: float = CHECK_SECONDS
     # Workers forked while the leader could not be resumed: renewed first, without a check.
     unsynced: set[int] = field(default_factory=set)
-    born: dict[int, int] = field(default_factory=dict)  # pid: order of its fork
-    forks: int = 0
+    born: dict[int, None] = field(default_factory=dict)  # the workers, in the order of their forks
     old: int | None = None
     fresh_since: float | None = None
     retired: bool = False
@@ -185,8 +184,7 @@ class Renewal:
     renewals: int = 0
 
     def forked(self, pid: int, resumable: bool) -> None:
-        self.forks += 1
-        self.born[pid] = self.forks
+        self.born[pid] = None
         if not resumable:
             self.unsynced.add(pid)
 
@@ -194,7 +192,7 @@ class Renewal:
         now = time.monotonic() if now is None else now
         workers = arbiter.WORKERS
         self.unsynced &= workers.keys()
-        self.born = {pid: n for pid, n in self.born.items() if pid in workers}
+        self.born = {pid: None for pid in self.born if pid in workers}
         if self.old is None:
             self._start(arbiter, now)
         elif self.old not in workers:  # it left (retired, or died meanwhile)
@@ -253,7 +251,7 @@ class Renewal:
         budget = self.budget or max(LEADER_MIN_BUDGET, int(LEADER_BUDGET_SHARE * resident))
         if written <= budget:
             return None
-        pid = min(workers, key=lambda p: (self.born.get(p, 0), p))
+        pid = next(iter(self.born), None) or min(workers)
         log.info(
             "renewing worker %s, the oldest: the replica's informer wrote %.0f MiB since, over the "
             "budget of %.0f MiB",
