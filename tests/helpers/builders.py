@@ -158,6 +158,61 @@ def cluster_pod(i: int, nodes: int, rng: random.Random) -> dict:
     }
 
 
+def live_pod(i: int, nodes: int, rng: random.Random) -> dict:
+    """``cluster_pod`` as a live API server lists it (~11 KB of JSON): managed fields, labels
+    and annotations, an owner, env, probes, volume mounts, volumes, tolerations, conditions and
+    container statuses. Everything a list carries that a pod's record never reads."""
+    pod = cluster_pod(i, nodes, rng)
+    metadata, spec = pod["metadata"], pod["spec"]
+    workload, stamp = i % 2000, f"2026-0{1 + i % 9}-1{i % 10}T0{i % 10}:1{i % 6}:2{i % 10}Z"
+    leaves = {f"f:{k}": {} for k in ("name", "image", "resources", "env", "args", "ports")}
+    fields = {f'k:{{"name":"{name}"}}': {".": {}, **leaves} for name in "abcdefghijklmnopqrst"}
+    metadata.update(
+        generateName=f"app-{workload}-7f9c8d6b5-",
+        resourceVersion=str(10_000_000 + i),
+        creationTimestamp=stamp,
+        labels={"app": f"app-{workload}", "pod-template-hash": "7f9c8d6b5", "tier": "backend"},
+        annotations={"prometheus.io/scrape": "true", "checksum/config": "a1b2c3d4e5f6" * 40},
+        ownerReferences=[{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": f"app-{workload}-7f9c8d6b5",
+                          "uid": f"0d1c6b2e-55aa-4a8e-9e4f-1c2b3d{workload:06d}", "controller": True}],
+        managedFields=[{"manager": manager, "operation": "Update", "apiVersion": "v1", "time": stamp,
+                        "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": fields}}
+                       for manager in ("kube-controller-manager", "kubelet", "helm")],
+    )  # fmt: skip
+    probe = {"httpGet": {"path": "/healthz", "port": 8080, "scheme": "HTTP"}, "periodSeconds": 10}
+    for container in spec["containers"]:
+        container.update(
+            env=[{"name": f"ENV_{k}", "value": f"value-{workload}-{k}"} for k in range(20)],
+            args=["--config=/etc/config/app.yaml", f"--shard={workload % 16}"],
+            livenessProbe=probe,
+            readinessProbe=probe,
+            volumeMounts=[{"name": v, "mountPath": f"/var/{v}"} for v in ("config", "data", "tmp", "token")],
+            securityContext={"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+        )
+    spec.update(
+        serviceAccountName=f"app-{workload}",
+        tolerations=[{"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute"}],
+        volumes=[
+            {"name": v, "configMap": {"name": f"app-{workload}-{v}"}}
+            for v in ("config", "data", "tmp", "token")
+        ],
+    )
+    conditions = ("PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady", "PodScheduled")
+    pod["status"].update(
+        conditions=[{"type": c, "status": "True", "lastTransitionTime": stamp} for c in conditions],
+        hostIP=f"10.0.{i % 250}.{i % 200}",
+        podIP=f"10.1.{i % 250}.{i % 200}",
+        startTime=stamp,
+        containerStatuses=[
+            {"name": c["name"], "ready": True, "restartCount": 0, "image": c["image"], "started": True,
+             "imageID": f"{c['image']}@sha256:{'ab' * 32}", "containerID": f"containerd://{'cd' * 32}",
+             "state": {"running": {"startedAt": stamp}}}
+            for c in spec["containers"]
+        ],
+    )  # fmt: skip
+    return pod
+
+
 def gpu_job(scheduler: str | None = None, **spec: Any) -> dict[str, Any]:
     """A Job ``ml/train`` whose pod asks one ``nvidia.com/gpu`` (``scheduler``: its schedulerName)."""
     body: dict[str, Any] = {"containers": [container(limits={"nvidia.com/gpu": "1"})], **spec}

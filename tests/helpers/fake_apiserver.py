@@ -526,18 +526,22 @@ def main() -> None:
     import random
     import sys
 
-    from tests.helpers.builders import cluster_node, cluster_pod
+    from tests.helpers.builders import cluster_node, cluster_pod, live_pod
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--nodes", type=int, default=5000)
     parser.add_argument("--pods", type=int, default=150_000)
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--ignore-limit", action="store_true", help="send every list whole")
+    parser.add_argument(
+        "--live-pods", action="store_true", help="pods as a live API server lists them (~10 KB)"
+    )
     args = parser.parse_args()
     rng = random.Random(1)
     cluster = Cluster(bookmark_every=5.0, ignore_limit=args.ignore_limit)
     cluster.load("nodes", (cluster_node(i) for i in range(args.nodes)))
-    pods = [cluster_pod(i, args.nodes, rng) for i in range(args.pods)]
+    build = live_pod if args.live_pods else cluster_pod
+    pods = [build(i, args.nodes, rng) for i in range(args.pods)]
     cluster.load("pods", pods)
     cluster.freeze_lists()
     # Churn recorded after the list: every event reaches the informer through its watch.

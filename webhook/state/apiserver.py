@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Generator, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,7 +111,16 @@ class ApiServer:
             )
         return cls(configuration)
 
-    def list_page(self, resource: str, limit: int, continue_token: str = "", timeout: float = 60) -> Page:
+    def list_page(
+        self,
+        resource: str,
+        limit: int,
+        continue_token: str = "",
+        timeout: float = 60,
+        decode: Callable[[bytes], Page | None] | None = None,
+    ) -> Page:
+        """One page of a list. ``decode`` reads a whole page where it can (None: it cannot, and
+        the page is parsed as JSON); a page too large to be read whole is streamed."""
         fields: dict[str, Any] = {"limit": limit}
         if continue_token:
             fields["continue"] = continue_token
@@ -123,7 +132,8 @@ class ApiServer:
             size += len(block)
             if size > self.whole_page_bytes:
                 return _streamed_page(resource, head, blocks)
-        return _whole_page(resource, b"".join(head))
+        body = b"".join(head)
+        return (decode and decode(body)) or _whole_page(resource, body)
 
     def served_kinds(self, groups: set[str], timeout: float = 30) -> dict[tuple[str, str], tuple[str, str]]:
         """Of the API groups in ``groups``, the kinds this API server serves (discovery: ``/apis``,

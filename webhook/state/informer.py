@@ -38,10 +38,12 @@ from .apiserver import (
     ApiError,
     ApiServer,
     EventTooLarge,
+    Page,
     watch_lines,
 )
 from .devices import DeviceIndex
 from .gc_pause import collector_paused, freeze_survivors
+from .listed_pods import ListedPod, listed_key, listed_record, pod_page
 from .model import ClusterState, node_from, object_key, pod_record
 from .source import Readiness, StateView
 from .storm import StormBreakers
@@ -118,6 +120,8 @@ class _Kind:
     drop: Callable[[str], None]
     present: Callable[[], list[str]]
     unserved: str = ""
+    # How a whole list page is read where not as parsed JSON (None: fall back to that).
+    decode: Callable[[bytes], Page | None] | None = None
 
     def not_served(self, err: Exception) -> bool:
         """The cluster does not serve this optional resource (a 404 on its list or watch)."""
@@ -136,11 +140,12 @@ def _kinds(state: ClusterState) -> tuple[_Kind, ...]:
         ),
         _Kind(
             "pods",
-            key=object_key,
+            key=_pod_key,
             build=_live_pod_record,
             store=state.set_pod,
             drop=state.remove_pod,
             present=lambda: list(state.pods),
+            decode=lambda body: pod_page(body, state.storm),
         ),
     )
     topologies = _Kind(
@@ -413,10 +418,9 @@ class Informer:
         a time, even from a server that ignores ``limit`` and sends everything at once.
         """
         seen: set[str] = set()
-        token, resource_version = "", ""
+        resource_version = ""
         self.versions.pop(kind.name, None)  # from the first page on, the state is of no one version
-        while True:
-            page = self.api.list_page(kind.name, self.timing.page_size, token)
+        for page in self._pages(kind):
             # The page's objects die before the collector runs again, and the records they become
             # are frozen: scanned, they would be promoted, and the collector would scan the whole
             # state dozens of times per list.
@@ -425,19 +429,33 @@ class Informer:
                     self._apply_listed(kind, batch, seen)
                     self._touch(kind)
                 resource_version = resource_version or page.resource_version
-                last, token = page.resource_version, page.continue_token
+                last = page.resource_version
                 del page
                 freeze_survivors()
             self._touch(kind)
-            if not token:
-                break
         with self.lock:
             for key in [k for k in kind.present() if k not in seen]:
                 kind.drop(key)
             version = self.versions[kind.name] = last or resource_version
         return version
 
-    def _apply_listed(self, kind: _Kind, objects: list[dict[str, Any]], seen: set[str]) -> None:
+    def _pages(self, kind: _Kind) -> Iterator[Page]:
+        """The pages of one list, in order. A page read whole names the next one: it is
+        requested while this one is applied, so the API server's time and the socket's reads
+        overlap the building of records (a streamed page names it only once read)."""
+
+        def fetch(token: str) -> Page:
+            return self.api.list_page(kind.name, self.timing.page_size, token, decode=kind.decode)
+
+        page = fetch("")
+        while True:
+            ahead = _Ahead(fetch, page.continue_token) if _names_next(page) else None
+            yield page
+            if not page.continue_token:
+                return
+            page = ahead.result() if ahead is not None else fetch(page.continue_token)
+
+    def _apply_listed(self, kind: _Kind, objects: list[Any], seen: set[str]) -> None:
         if kind.name == "pods" and self.state.storm is not None:
             for obj in filter(_storm_reads, objects):
                 self.state.storm.observe(obj, None, time.time())  # listed: at its creation time
@@ -522,19 +540,58 @@ class Informer:
         self._heard_wall = time.time()
 
 
-def _batches(items: Iterable[dict[str, Any]], size: int) -> Iterator[list[dict[str, Any]]]:
+class _Ahead:
+    """A call run on a thread of its own from now on; ``result`` waits for it (or raises what
+    it raised). A daemon thread, not ``concurrent.futures``' (whose threads the interpreter
+    joins at exit): a list abandoned part way leaves its request to end on its own."""
+
+    def __init__(self, call: Callable[..., Any], *args: Any) -> None:
+        self._outcome: tuple[bool, Any] = (False, None)
+
+        def run() -> None:
+            try:
+                self._outcome = (True, call(*args))
+            except BaseException as err:  # handed to the caller of ``result``
+                self._outcome = (False, err)
+
+        self._thread = threading.Thread(target=run, name="informer-page-ahead", daemon=True)
+        self._thread.start()
+
+    def result(self) -> Any:
+        self._thread.join()
+        done, value = self._outcome
+        if not done:
+            raise value
+        return value
+
+
+def _names_next(page: Page) -> bool:
+    """A page read whole that names another (a streamed one has not read its token yet)."""
+    return isinstance(page.items, list) and bool(page.continue_token)
+
+
+def _batches(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
     iterator = iter(items)
     while batch := list(itertools.islice(iterator, max(size, 1))):
         yield batch
 
 
-def _storm_reads(pod: dict[str, Any]) -> bool:
-    """``StormBreakers.observe`` reads only Failed and Running pods: skip the call for others."""
+def _storm_reads(pod: dict[str, Any] | ListedPod) -> bool:
+    """``StormBreakers.observe`` reads only Failed and Running pods: skip the call for others
+    (a ``ListedPod`` is one it does not read: ``listed_pods.pod_page``)."""
+    if isinstance(pod, ListedPod):
+        return False
     status = pod.get("status")
     return isinstance(status, dict) and status.get("phase") in ("Failed", "Running")
 
 
-def _live_pod_record(obj: dict[str, Any]):
+def _pod_key(obj: dict[str, Any] | ListedPod) -> str:
+    return listed_key(obj) if isinstance(obj, ListedPod) else object_key(obj)
+
+
+def _live_pod_record(obj: dict[str, Any] | ListedPod):
+    if isinstance(obj, ListedPod):
+        return listed_record(obj)
     return pod_record(obj, parsed_json=True)  # orjson's output: requests may be shared
 
 

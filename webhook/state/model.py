@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -48,6 +48,9 @@ WORKLOADS = "workloads"
 FAILED_PODS = "failed pods"
 PODS = "pods"  # the pods on each node: the audit judges these per node
 CLAIMS = "claims"
+# What a pod's containers, statuses and overhead give its record: requests, host ports, NUMA
+# footprint, and the extended resources it holds (``PodRecord.devices``).
+Derived = tuple["ResourceVector", tuple[HostPort, ...], Footprint, tuple[str, ...]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +87,10 @@ class PodRecord:
 
     @property
     def devices(self) -> Iterator[str]:
-        """Extended resources this pod holds (the candidates for device ownership)."""
+        """Extended resources this pod holds (the candidates for device ownership). Only a pod
+        that holds one has a ``name``: most pods answer without a look at their requests."""
+        if not self.name:
+            return iter(())
         return (r for r, amount in self.requests.items() if amount > 0 and is_extended_resource(r))
 
 
@@ -162,20 +168,19 @@ def object_key(obj: Mapping[str, Any]) -> str:
     metadata = obj.get("metadata")
     if not isinstance(metadata, MAPPING):
         return "default/"
-    uid = metadata.get("uid")
+    return key_of(metadata.get("uid"), metadata.get("namespace"), metadata.get("name"))
+
+
+def key_of(uid: Any, namespace: Any, name: Any) -> str:
+    """``object_key`` from the three metadata fields it reads."""
     if uid:
         return str(uid)
-    return f"{metadata.get('namespace') or 'default'}/{metadata.get('name') or ''}"
+    return f"{namespace or 'default'}/{name or ''}"
 
 
 def is_mirror(metadata: Mapping[str, Any]) -> bool:
     """The kubelet's record of a static pod it already runs (``kubetypes.IsMirrorPod``)."""
     return MIRROR_ANNOTATION in (metadata.get("annotations") or {})
-
-
-def is_critical(metadata: Mapping[str, Any], priority: int | None) -> bool:
-    """``kubetypes.IsCriticalPod``: mirror pods and priority >= system-cluster-critical."""
-    return is_mirror(metadata) or (priority is not None and priority >= CRITICAL_PRIORITY)
 
 
 def pod_priority(spec: Mapping[str, Any]) -> int | None:
@@ -200,63 +205,89 @@ def pod_record(pod: Mapping[str, Any], *, parsed_json: bool = False) -> PodRecor
     metadata = mapping_at(pod, "metadata", "metadata")
     check_pod_fields(metadata, spec)
     priority = pod_priority(spec)
-    if parsed_json:
-        requests, ports, numa = _shared_requests_and_ports(spec, status)
-    else:
-        requests, ports, numa = _requests_and_ports(spec, status)
-    node = sys.intern(str(spec.get("nodeName") or ""))
-    return PodRecord(
-        key=object_key(pod),
-        node=node,
-        requests=requests,
-        host_ports=ports,
-        scheduler=sys.intern(str(spec.get("schedulerName") or DEFAULT_SCHEDULER)),
+    derived = _shared_derived if parsed_json else derive
+    return record_of(
+        object_key(pod),
+        metadata.get("namespace"),
+        metadata.get("name"),
+        metadata.get("generateName"),
+        node=spec.get("nodeName"),
+        scheduler=spec.get("schedulerName"),
         priority=priority,
-        critical=is_critical(metadata, priority),
-        pending=None if node else _pending(metadata, spec),
-        name=_device_pod_name(metadata, requests),
-        numa=numa,
-        ident=pod_hash(str(metadata.get("namespace") or "default"), str(metadata.get("name") or ""))
-        if node
-        else 0,
+        mirror=is_mirror(metadata),
+        derived=derived(spec, status),
+        pending=None if spec.get("nodeName") else _pending(metadata, spec),
     )
 
 
-def _device_pod_name(metadata: Mapping[str, Any], requests: ResourceVector) -> str:
-    """``namespace/name`` when the pod holds an extended resource, else "" (kept small)."""
-    if not any(amount > 0 and "/" in r and is_extended_resource(r) for r, amount in requests.items()):
-        return ""
-    name = metadata.get("name") or metadata.get("generateName") or ""
-    return f"{metadata.get('namespace') or 'default'}/{name}"
+def record_of(
+    key: str,
+    namespace: Any,
+    name: Any,
+    generate_name: Any,
+    *,
+    node: Any,
+    scheduler: Any,
+    priority: int | None,
+    mirror: bool,
+    derived: Derived,
+    pending: PendingPod | None = None,
+) -> PodRecord:
+    """A record from what was read of a pod, checked (``pod_record`` reads a dict, the
+    informer's list pages a typed decode: ``listed_pods``), so both derive it the same way."""
+    requests, ports, numa, devices = derived
+    node = sys.intern(str(node or ""))
+    namespace = str(namespace or "default")
+    return PodRecord(
+        key=key,
+        node=node,
+        requests=requests,
+        host_ports=ports,
+        scheduler=sys.intern(str(scheduler or DEFAULT_SCHEDULER)),
+        priority=priority,
+        # ``kubetypes.IsCriticalPod``: mirror pods and priority >= system-cluster-critical.
+        critical=mirror or (priority is not None and priority >= CRITICAL_PRIORITY),
+        pending=None if node else pending,
+        name=f"{namespace}/{name or generate_name or ''}" if devices else "",
+        numa=numa,
+        ident=pod_hash(namespace, str(name or "")) if node else 0,
+    )
 
 
 _SHARED_MAX = 4096  # distinct inputs remembered: a cluster has a few per workload
 _SHARED_KEY_BYTES = 2048  # larger inputs are computed every time, never kept
-_shared: dict[bytes, tuple[ResourceVector, tuple[HostPort, ...], Footprint]] = {}
+_shared: dict[bytes, Derived] = {}
 # Types orjson would write like JSON's own (datetime as a string, ...) must not reach a key.
 _EXACT = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_SUBCLASS
 
 
-def _requests_and_ports(spec: Mapping[str, Any], status: Mapping[str, Any]):
+def derive(spec: Mapping[str, Any], status: Mapping[str, Any]) -> Derived:
+    """What a pod's record derives from its spec and status (``Derived``)."""
     requests = {sys.intern(k): v for k, v in pod_requests(spec, status).items()}
-    return requests, host_ports(spec), footprint(spec, requests)
+    devices = tuple(r for r, amount in requests.items() if amount > 0 and is_extended_resource(r))
+    return requests, host_ports(spec), footprint(spec, requests), devices
 
 
-def _shared_requests_and_ports(spec: Mapping[str, Any], status: Mapping[str, Any]):
-    """``_requests_and_ports``, computed once per distinct input of a parsed JSON pod.
+def _shared_derived(spec: Mapping[str, Any], status: Mapping[str, Any]) -> Derived:
+    """``derive``, computed once per distinct input of a parsed JSON pod.
 
     The pods of one workload, and every watch event of one pod, share one result (one dict, not
-    one per pod: read-only). The key is the JSON of every value the two functions read, so
+    one per pod: read-only). The key is the JSON of every value ``derive`` reads, so
     equal keys mean equal results; other shapes (a container that is not an object) raise here
     and are computed without the cache, errors included.
     """
     try:
         key = orjson.dumps(_inputs(spec, status), option=_EXACT)
-    except (AttributeError, TypeError):  # orjson.JSONEncodeError is a TypeError
-        return _requests_and_ports(spec, status)
+    except (AttributeError, TypeError):  # a container that is not an object, an integer past 64 bits
+        return derive(spec, status)
+    return derived_once(key, lambda: derive(spec, status))
+
+
+def derived_once(key: bytes, compute: Callable[[], Derived]) -> Derived:
+    """``compute()``, shared by every pod whose derivation's inputs read ``key``."""
     shared = _shared.get(key)
     if shared is None:
-        shared = _requests_and_ports(spec, status)
+        shared = compute()
         if len(key) <= _SHARED_KEY_BYTES:
             if len(_shared) >= _SHARED_MAX:
                 _shared.clear()
@@ -467,16 +498,19 @@ class ClusterState:
 
     def set_pod(self, key: str, record: PodRecord | None) -> None:
         """Add, replace, or (with ``None``, a terminal pod) remove the pod stored under ``key``."""
-        if record is not None and self.pods.get(key) == record:
-            return  # most watch events change status or labels, nothing a check reads
         if record is None:
             self.remove_pod(key)
             return
+        old = self.pods.get(key)
+        if old is not None and old == record:
+            return  # most watch events change status or labels, nothing a check reads
         self.revision += 1
         if record.key == key:
             key = record.key  # one string for the record and the keys it is filed under
-        unaccounted = self._unaccounted(key, record)
-        self._unindex(key)
+        # Most pods align nothing (no ``numa``), and a list's are new: no call for either.
+        unaccounted = bool(record.numa) and self._unaccounted(key, record)
+        if old is not None:
+            self._unindex(key)
         self.ended.pop(key, None)
         self.pods[key] = record
         if record.pending is not None:
@@ -489,9 +523,10 @@ class ClusterState:
             if usage is None:
                 usage = self._usage[record.node] = NodeUsage()
             usage.pods[key] = record
+            requested = usage.requested
             for resource, amount in record.requests.items():
                 if amount:
-                    usage.requested[resource] = usage.requested.get(resource, 0) + amount
+                    requested[resource] = requested.get(resource, 0) + amount
             if record.host_ports:  # Counter.update costs a microsecond even for nothing
                 usage.host_ports.update(record.host_ports)
             if unaccounted:
