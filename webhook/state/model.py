@@ -87,10 +87,7 @@ class PodRecord:
 
     @property
     def devices(self) -> Iterator[str]:
-        """Extended resources this pod holds (the candidates for device ownership). Only a pod
-        that holds one has a ``name``: most pods answer without a look at their requests."""
-        if not self.name:
-            return iter(())
+        """Extended resources this pod holds (the candidates for device ownership)."""
         return (r for r, amount in self.requests.items() if amount > 0 and is_extended_resource(r))
 
 
@@ -516,7 +513,9 @@ class ClusterState:
         if record.pending is not None:
             self._pending_names[(record.pending.namespace, record.pending.name)] = key
         if record.node:
-            for resource in record.devices:
+            # A pod's ``name`` is set exactly when it holds an extended resource (``record_of``):
+            # most pods are filed without a look at their requests.
+            for resource in record.devices if record.name else ():
                 held = self._node_devices.setdefault(record.node, {})
                 held.setdefault(resource, Counter())[record.scheduler] += 1
             usage = self._usage.get(record.node)
@@ -553,7 +552,7 @@ class ClusterState:
 
     def _unhold(self, record: PodRecord) -> None:
         held = self._node_devices.get(record.node)
-        if held is None:
+        if held is None or not record.name:  # it counted none (``set_pod``)
             return
         for resource in record.devices:
             counts = held.get(resource)

@@ -232,3 +232,15 @@ def test_a_page_with_a_field_of_another_type_is_left_to_the_json_parse(odd):
 def test_a_body_that_is_not_a_pod_list_is_left_to_the_json_parse():
     assert pod_page(b"not json", None) is None
     assert pod_page(b"[1, 2]", None) is None
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pods(odd_types=False))
+def test_a_record_is_named_exactly_when_its_pod_holds_an_extended_resource(obj: dict[str, Any]):
+    """``ClusterState.set_pod`` counts a pod's devices only for a named record."""
+    try:
+        record = pod_record(obj, parsed_json=True)
+    except FieldError:
+        return
+    if record is not None:
+        assert bool(record.name) == any(True for _ in record.devices)
