@@ -75,7 +75,7 @@ class Page:
     ``items`` as they are iterated, once, and sets its resourceVersion and continue token
     when they are done: read those after the items."""
 
-    items: Iterable[dict[str, Any]]
+    items: Iterable[Any]  # dicts; a ``decode`` of the informer's may give its own (``ListedPod``)
     resource_version: str
     continue_token: str
 
