@@ -43,7 +43,7 @@ from .apiserver import (
 )
 from .devices import DeviceIndex
 from .gc_pause import collector_paused, freeze_survivors
-from .listed_pods import ListedPod, listed_key, listed_record, pod_page
+from .listed_pods import ListedPod, listed_key, listed_record, pod_event, pod_page
 from .model import ClusterState, node_from, object_key, pod_record
 from .source import Readiness, StateView
 from .storm import StormBreakers
@@ -120,8 +120,10 @@ class _Kind:
     drop: Callable[[str], None]
     present: Callable[[], list[str]]
     unserved: str = ""
-    # How a whole list page is read where not as parsed JSON (None: fall back to that).
+    # How a whole list page, and a watch event (its type, object and resourceVersion), are read
+    # where not as parsed JSON (None: they are parsed).
     decode: Callable[[bytes], Page | None] | None = None
+    decode_event: Callable[[bytes], tuple[str, Any, str | None] | None] | None = None
 
     def not_served(self, err: Exception) -> bool:
         """The cluster does not serve this optional resource (a 404 on its list or watch)."""
@@ -146,6 +148,7 @@ def _kinds(state: ClusterState) -> tuple[_Kind, ...]:
             drop=state.remove_pod,
             present=lambda: list(state.pods),
             decode=lambda body: pod_page(body, state.storm),
+            decode_event=lambda line: pod_event(line, state.storm),
         ),
     )
     topologies = _Kind(
@@ -490,15 +493,11 @@ class Informer:
         return resource_version
 
     def _apply(self, kind: _Kind, line: bytes) -> str | None:
-        event = orjson.loads(line)
-        kind_of_event, obj = event.get("type"), event.get("object")
-        if not isinstance(obj, dict):
-            raise ValueError(f"watch event without an object: {line[:120]!r}")
-        if kind_of_event == "ERROR":
-            if obj.get("code") == GONE:
-                raise _Relist("resourceVersion too old (410 Gone)")
-            raise ApiError(int(obj.get("code") or 0), str(obj.get("message") or "watch error"))
-        resource_version = (obj.get("metadata") or {}).get("resourceVersion")
+        decoded = kind.decode_event(line) if kind.decode_event is not None else None
+        if decoded is not None:
+            kind_of_event, obj, resource_version = decoded
+        else:
+            kind_of_event, obj, resource_version = _parsed_event(line)
         if kind_of_event == "ADDED" or kind_of_event == "MODIFIED":
             if kind.name == "pods" and self.state.storm is not None and _storm_reads(obj):
                 self.state.storm.observe(obj, time.time())  # first seen Failed: now
@@ -538,6 +537,19 @@ class Informer:
     def _touch(self, kind: _Kind) -> None:
         self._heard[kind.name] = time.monotonic()
         self._heard_wall = time.time()
+
+
+def _parsed_event(line: bytes) -> tuple[Any, dict[str, Any], Any]:
+    """A watch event parsed as JSON: its type, object and resourceVersion; an ERROR raises."""
+    event = orjson.loads(line)
+    kind_of_event, obj = event.get("type"), event.get("object")
+    if not isinstance(obj, dict):
+        raise ValueError(f"watch event without an object: {line[:120]!r}")
+    if kind_of_event == "ERROR":
+        if obj.get("code") == GONE:
+            raise _Relist("resourceVersion too old (410 Gone)")
+        raise ApiError(int(obj.get("code") or 0), str(obj.get("message") or "watch error"))
+    return kind_of_event, obj, (obj.get("metadata") or {}).get("resourceVersion")
 
 
 class _Ahead:

@@ -14,7 +14,7 @@ it is the key their derivation is shared under, and a key seen for the first tim
 orjson like the page would have been (it reads an integer past 64 bits as a float, msgspec as
 an int). A decoded pod the types cannot carry whole is swapped for its dict from a parse of the
 page: a pending pod (its record keeps the spec for the bind checks) and the Failed and Running
-pods the storm breakers read.
+pods the storm breakers read. A pod's watch events are decoded the same way (``pod_event``).
 """
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ class _Metadata(msgspec.Struct, gc=False):
     name: str | None = None
     namespace: str | None = None
     uid: str | None = None
+    resourceVersion: str | None = None
     generateName: str | None = None
     labels: _Object | None = None
     annotations: _Annotations | None = None
@@ -121,7 +122,15 @@ class _PodPage(msgspec.Struct, gc=False):
     items: list[ListedPod] | None = None
 
 
+class _Event(msgspec.Struct, gc=False):
+    type: str | None = None
+    object: ListedPod | None = None
+
+
 _DECODER = msgspec.json.Decoder(_PodPage)
+_EVENT_DECODER = msgspec.json.Decoder(_Event)
+# An ERROR event's object is a Status: the parsed JSON reads its code and message.
+_TYPED_EVENTS = frozenset({"ADDED", "MODIFIED", "DELETED", "BOOKMARK"})
 _NO_METADATA, _NO_SPEC, _NO_STATUS = _Metadata(), _Spec(), _Status()
 
 
@@ -146,6 +155,23 @@ def pod_page(body: bytes, storm: StormBreakers | None) -> Page | None:
             items[i] = parsed[i]
     metadata = page.metadata or _ListMetadata()
     return Page(items, metadata.resourceVersion or "", metadata.continue_ or "")
+
+
+def pod_event(line: bytes, storm: StormBreakers | None) -> tuple[str, ListedPod, str | None] | None:
+    """A pod watch event decoded typed: its type, pod and resourceVersion; None where the line
+    is to be read as parsed JSON (an ERROR, a pod ``pod_page`` would keep whole, a field of
+    another type)."""
+    try:
+        event = _EVENT_DECODER.decode(line)
+    except (msgspec.MsgspecError, ValueError):
+        return None
+    pod = event.object
+    if event.type not in _TYPED_EVENTS or pod is None:
+        return None
+    applied = event.type == "ADDED" or event.type == "MODIFIED"
+    if applied and _read_whole(pod, storm, storm is not None and bool(storm.breakers)):
+        return None
+    return event.type, pod, (pod.metadata or _NO_METADATA).resourceVersion
 
 
 def _read_whole(pod: ListedPod, storm: StormBreakers | None, running_read: bool) -> bool:

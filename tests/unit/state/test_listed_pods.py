@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from tests.helpers.builders import cluster_pod, pod
 from webhook.kube.errors import FieldError
 from webhook.state import model
-from webhook.state.listed_pods import ListedPod, listed_key, listed_record, pod_page
+from webhook.state.listed_pods import ListedPod, listed_key, listed_record, pod_event, pod_page
 from webhook.state.model import MIRROR_ANNOTATION, object_key, pod_record
 from webhook.state.storm import StormBreakers
 
@@ -244,3 +244,49 @@ def test_a_record_is_named_exactly_when_its_pod_holds_an_extended_resource(obj: 
         return
     if record is not None:
         assert bool(record.name) == any(True for _ in record.devices)
+
+
+# -- watch events ---------------------------------------------------------------------------
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pods(), st.sampled_from(["ADDED", "MODIFIED", "DELETED"]), st.sampled_from([None, "17"]))
+def test_a_typed_watch_event_reads_as_its_parsed_json(obj: dict[str, Any], event: str, version: str | None):
+    if version and isinstance(obj.get("metadata"), dict):
+        obj["metadata"]["resourceVersion"] = version
+    line = json.dumps({"type": event, "object": obj}).encode()
+    decoded = pod_event(line, None)
+    if decoded is None:
+        return  # read as parsed JSON (the old path)
+    parsed = orjson.loads(line)["object"]
+    kind_of_event, item, resource_version = decoded
+    assert kind_of_event == event
+    assert resource_version == (parsed.get("metadata") or {}).get("resourceVersion")
+    assert listed_key(item) == object_key(parsed)
+    if event != "DELETED":
+        assert outcome(listed_record, item) == outcome(lambda o: pod_record(o, parsed_json=True), parsed)
+
+
+def event_line(event: str, obj: dict[str, Any]) -> bytes:
+    return json.dumps({"type": event, "object": obj}).encode()
+
+
+def test_a_bound_pods_event_and_a_bookmark_are_read_typed():
+    bound = pod("web", node_name="node-1", phase="Running")
+    bound["metadata"]["resourceVersion"] = "8"
+    kind_of_event, item, version = pod_event(event_line("MODIFIED", bound), StormBreakers())
+    assert (kind_of_event, version, listed_key(item)) == ("MODIFIED", "8", "uid-web")
+    bookmark = {"kind": "Pod", "apiVersion": "v1", "metadata": {"resourceVersion": "9"}}
+    assert pod_event(event_line("BOOKMARK", bookmark), None)[::2] == ("BOOKMARK", "9")
+
+
+def test_errors_pending_pods_and_the_pods_the_storm_breakers_read_are_left_to_the_json_parse():
+    status = {"kind": "Status", "code": 410, "message": "too old resource version"}
+    assert pod_event(event_line("ERROR", status), None) is None
+    assert pod_event(event_line("ADDED", pod("pending", phase="Pending")), None) is None
+    failed = pod("failed", node_name="node-1", phase="Failed")
+    assert pod_event(event_line("MODIFIED", failed), StormBreakers()) is None
+    assert pod_event(event_line("MODIFIED", failed), None) is not None  # no breakers to read it
+    assert pod_event(event_line("DELETED", pod("pending", phase="Pending")), None) is not None
+    assert pod_event(b'{"type": "ADDED"}', None) is None
+    assert pod_event(b"not json", None) is None
