@@ -202,7 +202,7 @@ def pod_record(pod: Mapping[str, Any], *, parsed_json: bool = False) -> PodRecor
     metadata = mapping_at(pod, "metadata", "metadata")
     check_pod_fields(metadata, spec)
     priority = pod_priority(spec)
-    derived = _shared_derived if parsed_json else derive
+    derive_from = _shared_derived if parsed_json else derive
     return record_of(
         object_key(pod),
         metadata.get("namespace"),
@@ -212,7 +212,7 @@ def pod_record(pod: Mapping[str, Any], *, parsed_json: bool = False) -> PodRecor
         scheduler=spec.get("schedulerName"),
         priority=priority,
         mirror=is_mirror(metadata),
-        derived=derived(spec, status),
+        derived=derive_from(spec, status),
         pending=None if spec.get("nodeName") else _pending(metadata, spec),
     )
 
