@@ -24,12 +24,9 @@ client's lock held by a thread it does not have.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import pickle
-import select
-import signal
 import threading
 import time
 import traceback
@@ -37,6 +34,7 @@ from collections import Counter
 
 from ..audit import NODES_PER_CHUNK, periodic_passes
 from ..config import Config
+from ..state.child_process import end, forked, read_within
 from ..state.source import StateSource
 from .metrics import AuditGauges
 
@@ -127,32 +125,15 @@ class PeriodicAudit:
         return counts, findings
 
     def _in_child(self) -> tuple[Counter, list] | None:
-        """``_audit`` in a child forked for it, which sends its result back through a pipe.
-
-        The child always exits 0 (gunicorn's master reaps every child, and stops the server on
-        the exit codes of a worker that failed to boot), and is killed if it has not answered
-        within ``max(60 s, interval)``."""
-        read, write = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            os.close(read)
-            try:
-                try:
-                    payload = pickle.dumps((True, self._audit()))
-                except BaseException:
-                    payload = pickle.dumps((False, traceback.format_exc()))
-                with os.fdopen(write, "wb") as out:
-                    out.write(payload)
-            finally:
-                os._exit(0)
-        os.close(write)
+        """``_audit`` in a child forked for it (``child_process``), which sends its result back
+        through a pipe, and is killed if it has not answered within ``max(60 s, interval)``."""
+        pid, read = forked(self._report)
+        payload = None
         try:
-            payload = _read_within(read, max(60.0, self.interval))
+            payload = read_within(read, max(60.0, self.interval))
         finally:
             os.close(read)
-            if payload is None:
-                os.kill(pid, signal.SIGKILL)
-            _reap(pid)
+            end(pid, kill=payload is None)
         if payload is None:
             log.error("periodic audit: its process did not answer within %.0f s", max(60.0, self.interval))
             return None
@@ -162,20 +143,11 @@ class PeriodicAudit:
             return None
         return result
 
-
-def _read_within(fd: int, timeout: float) -> bytes | None:
-    """Everything written to ``fd`` until its writer closes it; None past ``timeout``."""
-    deadline, chunks = time.monotonic() + timeout, []
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0 or not select.select([fd], [], [], left)[0]:
-            return None
-        chunk = os.read(fd, 1 << 16)
-        if not chunk:
-            return b"".join(chunks)
-        chunks.append(chunk)
-
-
-def _reap(pid: int) -> None:
-    with contextlib.suppress(ChildProcessError):  # gunicorn's master reaps every child itself
-        os.waitpid(pid, 0)
+    def _report(self, out: int) -> None:
+        """In the child: the pass's result, or the traceback of its failure."""
+        try:
+            payload = pickle.dumps((True, self._audit()))
+        except BaseException:
+            payload = pickle.dumps((False, traceback.format_exc()))
+        with os.fdopen(out, "wb") as pipe:
+            pipe.write(payload)

@@ -64,7 +64,7 @@ def replica_state(config: Config, origin: StateOrigin, max_state_age: float) -> 
     from .replica import ReplicaState
 
     storm = StormBreakers.from_config(config.storm_breaker)
-    leader = Informer(origin.connect(), Timing(max_age=max_state_age), storm).start()
+    leader = Informer(origin.connect(), Timing(max_age=max_state_age), storm, fork_first_list=True).start()
     return ReplicaState(leader).hold_across_forks()
 
 

@@ -60,6 +60,7 @@ class ApiError(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(f"{status}: {message}" if status else message)
         self.status = status
+        self.message = message
 
 
 class EventTooLarge(ApiError):
@@ -121,19 +122,38 @@ class ApiServer:
     ) -> Page:
         """One page of a list. ``decode`` reads a whole page where it can (None: it cannot, and
         the page is parsed as JSON); a page too large to be read whole is streamed."""
+        blocks = self._page_blocks(resource, limit, continue_token, timeout)
+        head, whole = _read_up_to(blocks, self.whole_page_bytes)
+        if whole:
+            return page_of(resource, b"".join(head), decode)
+        return _streamed_page(resource, head, blocks)
+
+    def page_body(
+        self, resource: str, limit: int, continue_token: str = "", timeout: float = 60
+    ) -> bytes | None:
+        """One page of a list as its body; None when it is too large to be read whole (the
+        request is abandoned: ``list_page`` streams such a page)."""
+        blocks = self._page_blocks(resource, limit, continue_token, timeout)
+        head, whole = _read_up_to(blocks, self.whole_page_bytes)
+        if not whole:
+            blocks.close()
+            return None
+        return b"".join(head)
+
+    def _page_blocks(
+        self, resource: str, limit: int, continue_token: str, timeout: float
+    ) -> Generator[bytes]:
         fields: dict[str, Any] = {"limit": limit}
         if continue_token:
             fields["continue"] = continue_token
-        response = self._get(resource, fields, timeout=timeout, stream=True)
-        blocks = _body_blocks(resource, response)
-        head, size = [], 0
-        for block in blocks:
-            head.append(block)
-            size += len(block)
-            if size > self.whole_page_bytes:
-                return _streamed_page(resource, head, blocks)
-        body = b"".join(head)
-        return (decode and decode(body)) or _whole_page(resource, body)
+        return _body_blocks(resource, self._get(resource, fields, timeout=timeout, stream=True))
+
+    def fresh(self) -> ApiServer:
+        """The same API server and credentials, over connections of its own: a forked process
+        must not share its parent's pooled sockets."""
+        api = type(self)(self._configuration)
+        api.whole_page_bytes = self.whole_page_bytes
+        return api
 
     def served_kinds(self, groups: set[str], timeout: float = 30) -> dict[tuple[str, str], tuple[str, str]]:
         """Of the API groups in ``groups``, the kinds this API server serves (discovery: ``/apis``,
@@ -246,6 +266,22 @@ def _body_blocks(resource: str, response) -> Iterator[bytes]:
         if not read:
             response.close()  # a connection read part way cannot carry another request
         response.release_conn()
+
+
+def _read_up_to(blocks: Iterator[bytes], limit: int) -> tuple[list[bytes], bool]:
+    """The blocks read until past ``limit`` bytes or the end, and whether that was the end."""
+    head, size = [], 0
+    for block in blocks:
+        head.append(block)
+        size += len(block)
+        if size > limit:
+            return head, False
+    return head, True
+
+
+def page_of(resource: str, body: bytes, decode: Callable[[bytes], Page | None] | None = None) -> Page:
+    """A page read whole: by ``decode`` where it can, else parsed as JSON."""
+    return (decode and decode(body)) or _whole_page(resource, body)
 
 
 def _whole_page(resource: str, body: bytes) -> Page:

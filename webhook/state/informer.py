@@ -31,6 +31,7 @@ import orjson
 
 from ..kube.dra import claim_key
 from ..kube.errors import FieldError
+from .ahead import Ahead
 from .apiserver import (
     DRA_GROUP_VERSION,
     MAX_EVENT_BYTES,
@@ -39,12 +40,14 @@ from .apiserver import (
     ApiServer,
     EventTooLarge,
     Page,
+    page_of,
     watch_lines,
 )
 from .devices import DeviceIndex
+from .forked_list import Unlisted, forked_pages
 from .gc_pause import collector_paused, freeze_survivors
 from .listed_pods import ListedPod, listed_key, listed_record, pod_event, pod_page
-from .model import ClusterState, node_from, object_key, pod_record
+from .model import ClusterState, PodRecord, node_from, object_key, pod_record
 from .source import Readiness, StateView
 from .storm import StormBreakers
 from .topology import topology_from
@@ -212,9 +215,16 @@ class Informer:
     """Keeps a ``ClusterState`` current from the API server; a ``StateSource`` for the server."""
 
     def __init__(
-        self, api: ApiServer, timing: Timing | None = None, storm: StormBreakers | None = None
+        self,
+        api: ApiServer,
+        timing: Timing | None = None,
+        storm: StormBreakers | None = None,
+        *,
+        fork_first_list: bool = False,
     ) -> None:
         self.api = api
+        # The first pod list in a child process (``forked_list``): the replica's start-up.
+        self.fork_first_list = fork_first_list
         self.timing = timing or Timing()
         self.max_event_bytes = MAX_EVENT_BYTES
         self.state = ClusterState(storm)
@@ -443,20 +453,39 @@ class Informer:
         return version
 
     def _pages(self, kind: _Kind) -> Iterator[Page]:
-        """The pages of one list, in order. A page read whole names the next one: it is
-        requested while this one is applied, so the API server's time and the socket's reads
-        overlap the building of records (a streamed page names it only once read)."""
+        """The pages of one list, in order: the first pod list in a child process where the
+        informer forks it (``forked_list``), up to where the child hands the rest over."""
+        token: str | None = ""
+        if self.fork_first_list and kind.name == "pods" and kind.name not in self._synced:
+            timing = self.timing
+            token = yield from forked_pages(
+                self.api, timing.page_size, self.state.storm, self._stop, timing.read_timeout
+            )
+        if token is not None:
+            yield from self._fetched_pages(kind, token)
+
+    def _fetched_pages(self, kind: _Kind, token: str) -> Iterator[Page]:
+        """The pages of one list from ``token`` on. A page read whole names the next one: its
+        body is requested while this one is applied, so the API server's time and the socket's
+        reads overlap the building of records (a streamed page names it only once read). It is
+        decoded once this one is applied: a pod page's decode reads the storm breakers that
+        this page's Failed pods may open. A body too large to be read whole is asked for again,
+        to be streamed."""
+        size = self.timing.page_size
 
         def fetch(token: str) -> Page:
-            return self.api.list_page(kind.name, self.timing.page_size, token, decode=kind.decode)
+            return self.api.list_page(kind.name, size, token, decode=kind.decode)
 
-        page = fetch("")
+        page = fetch(token)
         while True:
-            ahead = _Ahead(fetch, page.continue_token) if _names_next(page) else None
+            ahead = (
+                Ahead(self.api.page_body, kind.name, size, page.continue_token) if _names_next(page) else None
+            )
             yield page
             if not page.continue_token:
                 return
-            page = ahead.result() if ahead is not None else fetch(page.continue_token)
+            body = ahead.result() if ahead is not None else None
+            page = fetch(page.continue_token) if body is None else page_of(kind.name, body, kind.decode)
 
     def _apply_listed(self, kind: _Kind, objects: list[Any], seen: set[str]) -> None:
         if kind.name == "pods" and self.state.storm is not None:
@@ -552,31 +581,6 @@ def _parsed_event(line: bytes) -> tuple[Any, dict[str, Any], Any]:
     return kind_of_event, obj, (obj.get("metadata") or {}).get("resourceVersion")
 
 
-class _Ahead:
-    """A call run on a thread of its own from now on; ``result`` waits for it (or raises what
-    it raised). A daemon thread, not ``concurrent.futures``' (whose threads the interpreter
-    joins at exit): a list abandoned part way leaves its request to end on its own."""
-
-    def __init__(self, call: Callable[..., Any], *args: Any) -> None:
-        self._outcome: tuple[bool, Any] = (False, None)
-
-        def run() -> None:
-            try:
-                self._outcome = (True, call(*args))
-            except BaseException as err:  # handed to the caller of ``result``
-                self._outcome = (False, err)
-
-        self._thread = threading.Thread(target=run, name="informer-page-ahead", daemon=True)
-        self._thread.start()
-
-    def result(self) -> Any:
-        self._thread.join()
-        done, value = self._outcome
-        if not done:
-            raise value
-        return value
-
-
 def _names_next(page: Page) -> bool:
     """A page read whole that names another (a streamed one has not read its token yet)."""
     return isinstance(page.items, list) and bool(page.continue_token)
@@ -588,20 +592,31 @@ def _batches(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
         yield batch
 
 
-def _storm_reads(pod: dict[str, Any] | ListedPod) -> bool:
+# A pod as a list page or a watch event gives it: parsed JSON, a typed decode (``listed_pods``),
+# or what a forked list built of it (``forked_list``).
+_Listed = dict[str, Any] | ListedPod | PodRecord | Unlisted
+
+
+def _storm_reads(pod: _Listed) -> bool:
     """``StormBreakers.observe`` reads only Failed and Running pods: skip the call for others
-    (a ``ListedPod`` is one it does not read: ``listed_pods.pod_page``)."""
-    if isinstance(pod, ListedPod):
+    (only dicts can be such: ``listed_pods.pod_page``, ``forked_list``)."""
+    if not isinstance(pod, dict):
         return False
     status = pod.get("status")
     return isinstance(status, dict) and status.get("phase") in ("Failed", "Running")
 
 
-def _pod_key(obj: dict[str, Any] | ListedPod) -> str:
+def _pod_key(obj: _Listed) -> str:
+    if isinstance(obj, (PodRecord, Unlisted)):
+        return obj.key
     return listed_key(obj) if isinstance(obj, ListedPod) else object_key(obj)
 
 
-def _live_pod_record(obj: dict[str, Any] | ListedPod):
+def _live_pod_record(obj: _Listed) -> PodRecord | None:
+    if isinstance(obj, PodRecord):
+        return obj
+    if isinstance(obj, Unlisted):
+        return obj.record()
     if isinstance(obj, ListedPod):
         return listed_record(obj)
     return pod_record(obj, parsed_json=True)  # orjson's output: requests may be shared

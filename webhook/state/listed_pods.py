@@ -34,7 +34,7 @@ from .model import (
     derive,
     derived_once,
     key_of,
-    record_of,
+    record_fields,
 )
 from .storm import StormBreakers
 
@@ -122,6 +122,10 @@ class _PodPage(msgspec.Struct, gc=False):
     items: list[ListedPod] | None = None
 
 
+class _Listing(msgspec.Struct, gc=False):
+    metadata: _ListMetadata | None = None
+
+
 class _Event(msgspec.Struct, gc=False):
     type: str | None = None
     object: ListedPod | None = None
@@ -129,6 +133,7 @@ class _Event(msgspec.Struct, gc=False):
 
 _DECODER = msgspec.json.Decoder(_PodPage)
 _EVENT_DECODER = msgspec.json.Decoder(_Event)
+_LISTING_DECODER = msgspec.json.Decoder(_Listing)
 # An ERROR event's object is a Status: the parsed JSON reads its code and message.
 _TYPED_EVENTS = frozenset({"ADDED", "MODIFIED", "DELETED", "BOOKMARK"})
 _NO_METADATA, _NO_SPEC, _NO_STATUS = _Metadata(), _Spec(), _Status()
@@ -155,6 +160,16 @@ def pod_page(body: bytes, storm: StormBreakers | None) -> Page | None:
             items[i] = parsed[i]
     metadata = page.metadata or _ListMetadata()
     return Page(items, metadata.resourceVersion or "", metadata.continue_ or "")
+
+
+def page_token(body: bytes) -> str | None:
+    """The continue token of a list page, read alone ("" on the last page); None where the
+    page's metadata does not decode."""
+    try:
+        listing = _LISTING_DECODER.decode(body)
+    except (msgspec.MsgspecError, ValueError):
+        return None
+    return (listing.metadata or _ListMetadata()).continue_ or ""
 
 
 def pod_event(line: bytes, storm: StormBreakers | None) -> tuple[str, ListedPod, str | None] | None:
@@ -199,13 +214,19 @@ def listed_key(pod: ListedPod) -> str:
 def listed_record(pod: ListedPod) -> PodRecord | None:
     """``model.pod_record(pod, parsed_json=True)`` of a listed pod (a bound one: ``pod_page``
     hands the others over as dicts)."""
+    fields = listed_fields(pod)
+    return None if fields is None else PodRecord(*fields)
+
+
+def listed_fields(pod: ListedPod) -> tuple | None:
+    """``listed_record``'s fields (``model.record_fields``), or None for a terminal pod."""
     status = pod.status or _NO_STATUS
     if status.phase in TERMINAL_PHASES:
         return None
     spec, metadata = pod.spec or _NO_SPEC, pod.metadata or _NO_METADATA
     annotations = metadata.annotations
     key = _inputs_key(spec, status)
-    return record_of(
+    return record_fields(
         key_of(metadata.uid, metadata.namespace, metadata.name),
         metadata.namespace,
         metadata.name,

@@ -196,7 +196,10 @@ def pod_record(pod: Mapping[str, Any], *, parsed_json: bool = False) -> PodRecor
     booleans, null; no tuples), so its requests may be shared with pods of the same inputs.
     """
     status = mapping_at(pod, "status", "status")
-    if status.get("phase") in TERMINAL_PHASES:
+    phase = status.get("phase")
+    if phase is not None and not isinstance(phase, str):
+        raise FieldError("status.phase", "must be a string")
+    if phase in TERMINAL_PHASES:
         return None
     spec = mapping_at(pod, "spec", "spec")
     metadata = mapping_at(pod, "metadata", "metadata")
@@ -232,22 +235,45 @@ def record_of(
 ) -> PodRecord:
     """A record from what was read of a pod, checked (``pod_record`` reads a dict, the
     informer's list pages a typed decode: ``listed_pods``), so both derive it the same way."""
+    return PodRecord(
+        *record_fields(
+            key, namespace, name, generate_name, node=node, scheduler=scheduler, priority=priority,
+            mirror=mirror, derived=derived, pending=pending,
+        )
+    )  # fmt: skip
+
+
+def record_fields(
+    key: str,
+    namespace: Any,
+    name: Any,
+    generate_name: Any,
+    *,
+    node: Any,
+    scheduler: Any,
+    priority: int | None,
+    mirror: bool,
+    derived: Derived,
+    pending: PendingPod | None = None,
+) -> tuple:
+    """``record_of``'s fields, in ``PodRecord``'s order: what a forked list sends of a record
+    (``forked_list``) without building it."""
     requests, ports, numa, devices = derived
     node = sys.intern(str(node or ""))
     namespace = str(namespace or "default")
-    return PodRecord(
-        key=key,
-        node=node,
-        requests=requests,
-        host_ports=ports,
-        scheduler=sys.intern(str(scheduler or DEFAULT_SCHEDULER)),
-        priority=priority,
+    return (
+        key,
+        node,
+        requests,
+        ports,
+        sys.intern(str(scheduler or DEFAULT_SCHEDULER)),
+        priority,
         # ``kubetypes.IsCriticalPod``: mirror pods and priority >= system-cluster-critical.
-        critical=mirror or (priority is not None and priority >= CRITICAL_PRIORITY),
-        pending=None if node else pending,
-        name=f"{namespace}/{name or generate_name or ''}" if devices else "",
-        numa=numa,
-        ident=pod_hash(namespace, str(name or "")) if node else 0,
+        mirror or (priority is not None and priority >= CRITICAL_PRIORITY),
+        None if node else pending,
+        f"{namespace}/{name or generate_name or ''}" if devices else "",
+        numa,
+        pod_hash(namespace, str(name or "")) if node else 0,
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import orjson
 import pytest
 
 from tests.helpers.informer import eventually
@@ -10,19 +11,31 @@ from webhook.state.informer import Informer, Timing, _kinds
 
 
 class PagedApi:
-    """Pages named "", "t1", "t2", each naming the next; ``fail``: the one that fails."""
+    """Pages named "", "t1", "t2", each naming the next; ``fail``: the one that fails. A page
+    asked for ahead is asked for as its body (``page_body``), the others as a page."""
 
-    def __init__(self, fail: str | None = None, streamed: bool = False) -> None:
+    def __init__(self, fail: str | None = None, streamed: bool = False, too_large: str = "") -> None:
         self.asked: list[str] = []
-        self.fail, self.streamed = fail, streamed
+        self.fail, self.streamed, self.too_large = fail, streamed, too_large
 
     def list_page(self, resource, limit, token="", timeout=60, decode=None) -> Page:
+        items, version, following = self._page(token)
+        return Page(iter(items) if self.streamed else items, version, following)
+
+    def page_body(self, resource, limit, token="", timeout=60) -> bytes | None:
+        items, version, following = self._page(token)
+        if token == self.too_large:
+            return None
+        metadata = {"resourceVersion": version, **({"continue": following} if following else {})}
+        return orjson.dumps({"metadata": metadata, "items": items})
+
+    def _page(self, token: str) -> tuple[list, str, str]:
         self.asked.append(token)
         if token == self.fail:
             raise ApiError(410, "the provided continue parameter is too old")
         following = {"": "t1", "t1": "t2", "t2": ""}[token]
-        items = [{"metadata": {"name": f"pod-{token or 't0'}", "uid": token or "t0"}}]
-        return Page(iter(items) if self.streamed else items, "5", following)
+        pod = {"metadata": {"name": f"pod-{token or 't0'}", "uid": token or "t0"}, "spec": {"nodeName": "n"}}
+        return [pod], "5", following
 
 
 def pods_kind(informer: Informer):
@@ -59,4 +72,12 @@ def test_a_page_asked_for_ahead_that_fails_fails_the_list():
 def test_a_list_read_ahead_holds_every_pod_of_every_page():
     informer = Informer(PagedApi(), Timing(page_size=1))
     informer._list(pods_kind(informer))
+    assert sorted(informer.state.pods) == ["t0", "t1", "t2"]
+
+
+def test_a_body_asked_for_ahead_too_large_to_read_whole_is_asked_for_again_streamed():
+    api = PagedApi(too_large="t1")
+    informer = Informer(api, Timing(page_size=1))
+    informer._list(pods_kind(informer))
+    assert api.asked == ["", "t1", "t1", "t2"]
     assert sorted(informer.state.pods) == ["t0", "t1", "t2"]

@@ -198,3 +198,11 @@ def test_a_record_is_filed_under_its_own_key_string():
     state.set_pod(key, record)
     assert next(iter(state.pods)) is record.key
     assert next(iter(state.usage("n1").pods)) is record.key
+
+
+@pytest.mark.parametrize("phase", [["Failed"], {"a": 1}, 3])
+def test_a_phase_that_is_not_a_string_is_a_field_error_not_a_crash(phase):
+    obj = pod("p", node_name="n")
+    obj["status"] = {"phase": phase}
+    with pytest.raises(FieldError, match="status.phase: must be a string"):
+        pod_record(obj)
