@@ -8,9 +8,9 @@ load, and a string interned in the child is interned in the parent), with the re
 and NUMA footprint of each derivation once; the parent builds each ``PodRecord`` from its row
 and files it, as ``ClusterState.set_pod`` always has.
 
-The state is the one the list in the parent would build: a row is the record ``listed_record``
-built in the child, and a page the child cannot carry as rows goes whole, for the parent to read
-as its own list would (``apiserver.page_of``):
+The state is the one the list in the parent would build: a row is the record the child read
+(``listed_pods.listed_fields``), and a page the child cannot carry as rows goes whole, for the
+parent to read as its own list would (``apiserver.page_of``):
 
 - a page that does not decode typed, or holds a pod ``listed_pods.pod_page`` keeps whole (a
   pending pod, a pod the storm breakers read);
@@ -47,7 +47,7 @@ from .listed_pods import ListedPod, listed_fields, listed_key, page_token, pod_p
 from .model import PodRecord
 from .storm import StormBreakers
 
-RESOURCE = "pods"
+_RESOURCE = "pods"
 _HEADER = struct.Struct("<I")  # each frame: its length, then its pickle
 _PIPE_BYTES = 1 << 20  # the child may run a few pages ahead of the parent
 _DERIVATIONS = 65_536  # derivations the child names before it starts afresh (bounded memory)
@@ -103,7 +103,7 @@ def forked_pages(
                 derivations.update(named)
                 yield Page(_items(rows, derivations), version, following)
             elif kind == "page":
-                page = page_of(RESOURCE, payload[0], lambda body: pod_page(body, storm))
+                page = page_of(_RESOURCE, payload[0], lambda body: pod_page(body, storm))
                 yield page
                 following = page.continue_token
             elif kind == "rest":
@@ -208,7 +208,7 @@ def _frames(api: ApiServer, page_size: int, storm: StormBreakers | None) -> Iter
     parent takes over; ``ends`` where the child sends nothing after it."""
 
     def fetch(token: str) -> tuple[str, bytes | None, Page | None]:
-        body = api.page_body(RESOURCE, page_size, token)
+        body = api.page_body(_RESOURCE, page_size, token)
         return token, body, None if body is None else pod_page(body, storm)
 
     derivations = _Derivations()

@@ -31,7 +31,6 @@ import orjson
 
 from ..kube.dra import claim_key
 from ..kube.errors import FieldError
-from .ahead import Ahead
 from .apiserver import (
     DRA_GROUP_VERSION,
     MAX_EVENT_BYTES,
@@ -478,9 +477,8 @@ class Informer:
 
         page = fetch(token)
         while True:
-            ahead = (
-                Ahead(self.api.page_body, kind.name, size, page.continue_token) if _names_next(page) else None
-            )
+            following = page.continue_token if _names_next(page) else ""
+            ahead = _Ahead(self.api.page_body, kind.name, size, following) if following else None
             yield page
             if not page.continue_token:
                 return
@@ -579,6 +577,31 @@ def _parsed_event(line: bytes) -> tuple[Any, dict[str, Any], Any]:
             raise _Relist("resourceVersion too old (410 Gone)")
         raise ApiError(int(obj.get("code") or 0), str(obj.get("message") or "watch error"))
     return kind_of_event, obj, (obj.get("metadata") or {}).get("resourceVersion")
+
+
+class _Ahead:
+    """A call run on a thread of its own from now on; ``result`` waits for it (or raises what
+    it raised). A daemon thread, not ``concurrent.futures``' (whose threads the interpreter
+    joins at exit): a list abandoned part way leaves its request to end on its own."""
+
+    def __init__(self, call: Callable[..., Any], *args: Any) -> None:
+        self._outcome: tuple[bool, Any] = (False, None)
+
+        def run() -> None:
+            try:
+                self._outcome = (True, call(*args))
+            except BaseException as err:  # handed to the caller of ``result``
+                self._outcome = (False, err)
+
+        self._thread = threading.Thread(target=run, name="informer-page-ahead", daemon=True)
+        self._thread.start()
+
+    def result(self) -> Any:
+        self._thread.join()
+        done, value = self._outcome
+        if not done:
+            raise value
+        return value
 
 
 def _names_next(page: Page) -> bool:

@@ -102,12 +102,13 @@ def held(informer: Informer) -> tuple:
 
 
 def both(pages: list[bytes], storm: bool = False, **api: Any) -> tuple[tuple, tuple]:
-    def breakers() -> StormBreakers | None:
-        return StormBreakers(threshold=1) if storm else None
-
-    return held(listed(Pages(pages, **api), fork=False, storm=breakers())), held(
-        listed(Pages(pages, **api), fork=True, storm=breakers())
+    """What the list in process, then the forked list, leave of the same pages (a breaker, with
+    ``storm``, trips at the first rejection)."""
+    in_process, forked = (
+        held(listed(Pages(pages, **api), fork=fork, storm=StormBreakers(threshold=1) if storm else None))
+        for fork in (False, True)
     )
+    return in_process, forked
 
 
 def keyed(listed_pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
