@@ -204,5 +204,5 @@ def test_a_record_is_filed_under_its_own_key_string():
 def test_a_phase_that_is_not_a_string_is_a_field_error_not_a_crash(phase):
     obj = pod("p", node_name="n")
     obj["status"] = {"phase": phase}
-    with pytest.raises(FieldError, match="status.phase: must be a string"):
+    with pytest.raises(FieldError, match=r"status\.phase: must be a string"):
         pod_record(obj)
