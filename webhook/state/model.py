@@ -206,41 +206,20 @@ def pod_record(pod: Mapping[str, Any], *, parsed_json: bool = False) -> PodRecor
     check_pod_fields(metadata, spec)
     priority = pod_priority(spec)
     derive_from = _shared_derived if parsed_json else derive
-    return record_of(
-        object_key(pod),
-        metadata.get("namespace"),
-        metadata.get("name"),
-        metadata.get("generateName"),
-        node=spec.get("nodeName"),
-        scheduler=spec.get("schedulerName"),
-        priority=priority,
-        mirror=is_mirror(metadata),
-        derived=derive_from(spec, status),
-        pending=None if spec.get("nodeName") else _pending(metadata, spec),
-    )
-
-
-def record_of(
-    key: str,
-    namespace: Any,
-    name: Any,
-    generate_name: Any,
-    *,
-    node: Any,
-    scheduler: Any,
-    priority: int | None,
-    mirror: bool,
-    derived: Derived,
-    pending: PendingPod | None = None,
-) -> PodRecord:
-    """A record from what was read of a pod, checked (``pod_record`` reads a dict, the
-    informer's list pages a typed decode: ``listed_pods``), so both derive it the same way."""
     return PodRecord(
         *record_fields(
-            key, namespace, name, generate_name, node=node, scheduler=scheduler, priority=priority,
-            mirror=mirror, derived=derived, pending=pending,
+            object_key(pod),
+            metadata.get("namespace"),
+            metadata.get("name"),
+            metadata.get("generateName"),
+            node=spec.get("nodeName"),
+            scheduler=spec.get("schedulerName"),
+            priority=priority,
+            mirror=is_mirror(metadata),
+            derived=derive_from(spec, status),
+            pending=None if spec.get("nodeName") else _pending(metadata, spec),
         )
-    )  # fmt: skip
+    )
 
 
 def record_fields(
@@ -256,8 +235,9 @@ def record_fields(
     derived: Derived,
     pending: PendingPod | None = None,
 ) -> tuple:
-    """``record_of``'s fields, in ``PodRecord``'s order: what a forked list sends of a record
-    (``forked_list``) without building it."""
+    """A record's fields, in ``PodRecord``'s order, from what was read of a pod, checked: a
+    dict (``pod_record``) or a typed decode (``listed_pods``), so both derive it the same way.
+    A forked list sends them without building the record (``forked_list``)."""
     requests, ports, numa, devices = derived
     node = sys.intern(str(node or ""))
     namespace = str(namespace or "default")
@@ -539,7 +519,7 @@ class ClusterState:
         if record.pending is not None:
             self._pending_names[(record.pending.namespace, record.pending.name)] = key
         if record.node:
-            # A pod's ``name`` is set exactly when it holds an extended resource (``record_of``):
+            # A pod's ``name`` is set exactly when it holds an extended resource (``record_fields``):
             # most pods are filed without a look at their requests.
             for resource in record.devices if record.name else ():
                 held = self._node_devices.setdefault(record.node, {})
