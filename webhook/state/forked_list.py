@@ -43,7 +43,7 @@ from typing import Any
 from ..kube.errors import FieldError
 from .apiserver import ApiError, ApiServer, Page, page_of
 from .child_process import end, forked
-from .listed_pods import ListedPod, listed_fields, listed_key, page_token, pod_page
+from .listed_pods import ListedPod, listed_fields, listed_key, listed_phase, page_token, pod_page
 from .model import PodRecord
 from .storm import StormBreakers
 
@@ -281,15 +281,11 @@ def _whole(page: Page, storm: StormBreakers | None, failed_seen: bool) -> bool:
     """Whether the parent reads this page itself (see the module's docstring)."""
     if any(isinstance(item, dict) for item in page.items):
         return True
-    return storm is not None and failed_seen and any(_phase(pod) == "Running" for pod in page.items)
-
-
-def _phase(pod: ListedPod) -> str | None:
-    return pod.status.phase if pod.status is not None else None
+    return storm is not None and failed_seen and any(listed_phase(pod) == "Running" for pod in page.items)
 
 
 def _failed(item: ListedPod | dict[str, Any]) -> bool:
     if isinstance(item, dict):
         status = item.get("status")
         return isinstance(status, dict) and status.get("phase") == "Failed"
-    return _phase(item) == "Failed"
+    return listed_phase(item) == "Failed"

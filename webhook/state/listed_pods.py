@@ -148,7 +148,7 @@ def pod_page(body: bytes, storm: StormBreakers | None) -> Page | None:
         return None
     items: list[ListedPod | dict[str, Any]] = list(page.items or ())
     running_read = storm is not None and (
-        bool(storm.breakers) or any(_phase(pod) == "Failed" for pod in page.items or ())
+        bool(storm.breakers) or any(listed_phase(pod) == "Failed" for pod in page.items or ())
     )
     whole = [i for i, pod in enumerate(page.items or ()) if _read_whole(pod, storm, running_read)]
     if whole:
@@ -193,7 +193,7 @@ def _read_whole(pod: ListedPod, storm: StormBreakers | None, running_read: bool)
     """Whether the pod's dict is read: its record keeps the spec (pending), or the storm
     breakers read it (``StormBreakers.observe``: Failed pods, and Running ones once a breaker
     counts, which a Failed pod of the same page may start: ``running_read``)."""
-    phase = _phase(pod)
+    phase = listed_phase(pod)
     if storm is not None and phase == "Failed":
         return True
     if phase in TERMINAL_PHASES:
@@ -201,7 +201,8 @@ def _read_whole(pod: ListedPod, storm: StormBreakers | None, running_read: bool)
     return not (pod.spec or _NO_SPEC).nodeName or (running_read and phase == "Running")
 
 
-def _phase(pod: ListedPod) -> str | None:
+def listed_phase(pod: ListedPod) -> str | None:
+    """A listed pod's ``status.phase``."""
     return (pod.status or _NO_STATUS).phase
 
 

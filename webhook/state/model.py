@@ -88,7 +88,12 @@ class PodRecord:
     @property
     def devices(self) -> Iterator[str]:
         """Extended resources this pod holds (the candidates for device ownership)."""
-        return (r for r, amount in self.requests.items() if amount > 0 and is_extended_resource(r))
+        return held_devices(self.requests)
+
+
+def held_devices(requests: ResourceVector) -> Iterator[str]:
+    """The extended resources among ``requests`` asked for in some amount."""
+    return (r for r, amount in requests.items() if amount > 0 and is_extended_resource(r))
 
 
 @dataclass(slots=True)
@@ -267,8 +272,7 @@ _EXACT = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS | or
 def derive(spec: Mapping[str, Any], status: Mapping[str, Any]) -> Derived:
     """What a pod's record derives from its spec and status (``Derived``)."""
     requests = {sys.intern(k): v for k, v in pod_requests(spec, status).items()}
-    devices = tuple(r for r, amount in requests.items() if amount > 0 and is_extended_resource(r))
-    return requests, host_ports(spec), footprint(spec, requests), devices
+    return requests, host_ports(spec), footprint(spec, requests), tuple(held_devices(requests))
 
 
 def _shared_derived(spec: Mapping[str, Any], status: Mapping[str, Any]) -> Derived:
