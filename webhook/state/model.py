@@ -206,6 +206,7 @@ def pod_record(pod: Mapping[str, Any], *, parsed_json: bool = False) -> PodRecor
         raise FieldError("status.phase", "must be a string")
     if phase in TERMINAL_PHASES:
         return None
+    _check_status_lists(status)
     spec = mapping_at(pod, "spec", "spec")
     metadata = mapping_at(pod, "metadata", "metadata")
     check_pod_fields(metadata, spec)
@@ -225,6 +226,17 @@ def pod_record(pod: Mapping[str, Any], *, parsed_json: bool = False) -> PodRecor
             pending=None if spec.get("nodeName") else _pending(metadata, spec),
         )
     )
+
+
+# The lists of a pod's status its record reads (in-place resize): each of mappings.
+_STATUS_LISTS = ("containerStatuses", "initContainerStatuses", "conditions")
+
+
+def _check_status_lists(status: Mapping[str, Any]) -> None:
+    for name in _STATUS_LISTS:
+        for i, item in enumerate(_list(status, name, f"status.{name}")):
+            if not isinstance(item, MAPPING):
+                raise FieldError(f"status.{name}[{i}]", "must be a mapping")
 
 
 def record_fields(

@@ -206,3 +206,21 @@ def test_a_phase_that_is_not_a_string_is_a_field_error_not_a_crash(phase):
     obj["status"] = {"phase": phase}
     with pytest.raises(FieldError, match=r"status\.phase: must be a string"):
         pod_record(obj)
+
+
+@pytest.mark.parametrize(
+    ("status", "field"),
+    [
+        ({"containerStatuses": 2}, r"status\.containerStatuses: must be a list"),
+        ({"containerStatuses": "x"}, r"status\.containerStatuses: must be a list"),
+        ({"initContainerStatuses": ["x"]}, r"status\.initContainerStatuses\[0\]: must be a mapping"),
+        ({"conditions": 1}, r"status\.conditions: must be a list"),
+        ({"conditions": [3]}, r"status\.conditions\[0\]: must be a mapping"),
+    ],
+)
+@pytest.mark.parametrize("parsed_json", [False, True])
+def test_status_lists_a_record_reads_of_another_type_are_field_errors_not_crashes(status, field, parsed_json):
+    obj = pod("p", node_name="n")
+    obj["status"] = {"phase": "Running", **status}
+    with pytest.raises(FieldError, match=field):
+        pod_record(obj, parsed_json=parsed_json)
