@@ -212,10 +212,12 @@ def started(kind: str, work: Path, source: Path | None, workers: int = 2) -> Ite
     name = f"{kind}-{workers}w"
     log = (work / f"{name}.log").open("wb")
     env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+    cwd = ROOT
     if source is not None and kind == "guard":
-        env["PYTHONPATH"] = str(source)
+        # ``python -m`` puts the working directory ahead of PYTHONPATH: run from ``source``.
+        env["PYTHONPATH"], cwd = str(source), source
     process = subprocess.Popen(
-        server_command(kind, port, cert_dir, workers), stdout=log, stderr=subprocess.STDOUT, env=env
+        server_command(kind, port, cert_dir, workers), stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd
     )
     server = LiveServer(port, cert_dir, process, work / f"{name}.log")
     try:

@@ -29,6 +29,7 @@ from .config import Config
 from .coordination.probes import SharedProbes
 from .kube.dra import is_allocation_write
 from .kube.rejection import controller_owner
+from .state import waiting
 from .state.model import ClusterState
 from .state.source import StateSource
 from .state.storm import StormBreakers
@@ -93,6 +94,8 @@ class Pipeline:
             return self.allocation_guard.review(req, self.source, Outcome.allowing(req), verified=verified)
         outcome, judged, storm = self._engine(req, endpoint, now)
         owner = _probe_owner(storm, req, outcome, now) if validating else None
+        if owner is not None:
+            waiting.before_waiting("a storm probe's claim")  # a retry would find the slot taken
         if owner is not None and not self.probes.claim(storm, owner, now):  # round trips: no lock held
             outcome = self._engine(req, endpoint, now)[0]  # another probe holds the slot: the breaker denies
         if validating and self.bind_guard is not None:

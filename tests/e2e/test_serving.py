@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import base64
+import fcntl
 import json
 import os
 import signal
 import socket
 import ssl
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import jsonpatch
 import pytest
@@ -28,6 +30,7 @@ from tests.helpers.live_server import (
 )
 from tests.helpers.paths import EXAMPLES
 from webhook.certs import issue
+from webhook.coordination.names import table_file_name
 
 CONFIG = """
 excludedNamespaces: [kube-system, ops]
@@ -405,3 +408,37 @@ def test_a_snapshot_replica_audits_once_in_the_master_too(tmp_path):
             time.sleep(0.1)
         assert set(_audit_samples_by_process(metrics_dir)) == {server.process.pid}
         assert _metric(server, "admit_guard_audit_last_run_timestamp_seconds", source="snapshot") > 0
+
+
+def test_a_review_waiting_for_its_node_table_leaves_the_workers_loop_answering(tmp_path, monkeypatch):
+    """The loop answers admission reviews itself, without a pool thread, unless the decision
+    would wait: one whose node's reservation table another process holds goes to a thread,
+    which waits for it, while the loop answers the other connections; it is then decided
+    whole, and every review is counted once."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    monkeypatch.setenv("TMPDIR", str(shared))  # where the replica keeps its reservation tables
+    with live_server(tmp_path, "--cluster", str(EXAMPLES / "cluster"), workers=1) as server:
+        assert review(server, "validate", example("good-pod-pinned-with-room"))["allowed"]  # cpu-2's table
+        [tables] = shared.glob("admit-guard-reservations-*")
+        sibling = os.open(tables / table_file_name("cpu-2"), os.O_RDWR)
+        second = example("good-pod-pinned-with-room")
+        second["request"]["uid"] = second["request"]["object"]["metadata"]["uid"] = "second"
+        second["request"]["name"] = second["request"]["object"]["metadata"]["name"] = "disk-check-2"
+        try:
+            fcntl.flock(sibling, fcntl.LOCK_EX)
+            with ThreadPoolExecutor(1) as pool:
+                waiting = pool.submit(review, server, "validate", second)
+                time.sleep(0.3)
+                assert not waiting.done()
+                elsewhere = review(server, "validate", _pinned_pod_create(1, "cpu-1"))
+                health = server.connect()
+                health.request("GET", "/healthz")
+                assert health.getresponse().status == 200
+                assert not waiting.done(), "the loop waited for the lock"
+                fcntl.flock(sibling, fcntl.LOCK_UN)
+                assert waiting.result(10)["allowed"]
+        finally:
+            os.close(sibling)
+        assert "uid" in elsewhere
+        assert _metric(server, "admit_guard_requests_total", endpoint="validate") == 3

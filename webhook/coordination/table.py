@@ -20,6 +20,7 @@ from typing import Any
 
 import orjson
 
+from ..state import waiting
 from .budget import Busy
 from .names import table_file_name
 
@@ -117,7 +118,7 @@ class LocalTable:
         Raises ``Busy`` when others hold the lock past ``wait_until`` (monotonic), ``OSError``
         when the table cannot be opened, read or written."""
         lock = self._lock(node)
-        if not lock.acquire(timeout=max(0.0, wait_until - time.monotonic())):
+        if not waiting.acquire(lock, max(0.0, wait_until - time.monotonic())):
             raise Busy(f"waiting for the lock of {self._path(node)}")
         table = None
         locked = False
@@ -313,6 +314,7 @@ def _flock(fd: int, wait_until: float, path: Path) -> None:
     """The file lock another worker may hold for its own decision."""
     pause = 0.00005
     while not _try_flock(fd):
+        waiting.before_waiting(f"the lock of {path}")
         if time.monotonic() >= wait_until:
             raise Busy(f"waiting for the lock of {path}")
         time.sleep(pause)

@@ -14,10 +14,12 @@
                                 sockets, one deadline per request (408), the buffer budget (503)
       framing      framing.py   RequestFraming: where the request ends (head, Content-Length,
                                 chunks through ../chunked.py); 413 and 400 from the loop
-      pool thread  worker.py    GuardWorker._submit: the whole request to gunicorn's thread pool,
-                                which never reads a client: a plain head the loop parsed is
-                   direct.py    answered from that parse (Exchange: environ, reply); any other
-                                is parsed again from the buffered bytes by gunicorn
+      loop/thread  worker.py    GuardWorker._submit: an admission review the loop decides itself
+                                (on_loop; one that would wait raises ../state/waiting.py's
+                                WouldWait and goes on), else the whole request to gunicorn's
+                                thread pool, which never reads a client: a plain head the loop
+                   direct.py    parsed is answered from that parse (Exchange: environ, reply);
+                                any other is parsed again from the buffered bytes by gunicorn
       WSGI         reply.py     with_client_identity: whether the client certificate verified
                    wsgi.py      AdmissionEndpoints: POST /validate and /mutate (403, 405, 413);
                                 every other path to the Flask app (app.py: /healthz /readyz

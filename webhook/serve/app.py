@@ -27,12 +27,16 @@ from ..config import Config
 from ..coordination.probes import SharedProbes
 from ..pipeline import Pipeline, read_review
 from ..state.source import StateSource
+from ..state.waiting import WouldWait
 from .decision_log import flush_decision_lines, line_writer, log_lines_in_background
 from .limits import MAX_BODY_BYTES
 from .metrics import Metrics
 from .wsgi import AdmissionEndpoints, error_body
 
 SOURCE_EXTENSION = "admit_guard.state_source"
+# The paths whose answers the worker's event loop may give itself (``serve/worker.py``): every
+# wait on their way raises ``WouldWait`` there instead (``state/waiting.py``).
+ANSWERS_WITHOUT_WAITING = "answers_without_waiting"
 DECISION_LOG = "admit_guard.decision"
 
 
@@ -86,6 +90,8 @@ def create_app(
         req = routed.request
         try:
             outcome = pipeline.decide(routed, endpoint, verified=verified, now=time.time())
+        except WouldWait:
+            raise  # nothing counted or logged yet: a pool thread decides it again
         except Exception as err:  # a bug must not become a 500 on the path of every pod
             logging.getLogger(__name__).exception("review %s failed", req.uid)
             outcome = admission.unchecked(req, endpoint, f"internal error ({type(err).__name__})", config)
@@ -102,6 +108,7 @@ def create_app(
         metrics.count_bad_request,
         require_client_cert=require_client_cert,
     )
+    setattr(app, ANSWERS_WITHOUT_WAITING, frozenset(app.wsgi_app.paths))
 
     @app.get("/healthz")
     def healthz() -> Response:

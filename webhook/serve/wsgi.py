@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 
 from ..admission import MUTATE, VALIDATE
+from ..state.waiting import WouldWait
 from .limits import DRAIN_LIMIT
 
 # ``answer(endpoint, body, verified) -> (status, JSON body)``: the decision, whatever the body
@@ -79,6 +80,8 @@ class AdmissionEndpoints:
             return self._refuse(start_response, endpoint, 413, message)
         try:
             status, answer = self.answer(endpoint, body, verified)
+        except WouldWait:
+            raise  # the worker's loop hands the request to a pool thread
         except Exception as err:  # still JSON, as every answer of the guard is (Flask did this before)
             log.exception("%s failed", environ.get("PATH_INFO"))
             return _reply(start_response, 500, error_body(500, f"internal error ({type(err).__name__})"))

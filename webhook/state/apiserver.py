@@ -18,6 +18,7 @@ import orjson
 import urllib3
 
 from ..formats.chunked import ChunkedDecoder, MalformedChunks
+from . import waiting
 from .gc_pause import collector_paused
 from .list_body import UnreadableList, list_items
 
@@ -210,6 +211,7 @@ class ApiServer:
         Raises ``ApiError`` only when no answer came (connection, timeout, unreadable body);
         a 404 or 409 is an answer the caller acts on.
         """
+        waiting.before_waiting(f"the API server ({method} {path})")
         headers = self._headers()
         if body is not None:
             headers["Content-Type"] = "application/json"
@@ -234,6 +236,7 @@ class ApiServer:
         return headers
 
     def _get(self, resource: str, fields: dict[str, Any], *, timeout: float, stream: bool):
+        waiting.before_waiting(f"the API server (GET {resource})")
         headers = self._headers()
         try:
             response = self._pool.request(

@@ -31,6 +31,7 @@ import orjson
 
 from ..kube.dra import claim_key
 from ..kube.errors import FieldError
+from . import waiting
 from .apiserver import (
     DRA_GROUP_VERSION,
     MAX_EVENT_BYTES,
@@ -277,8 +278,11 @@ class Informer:
         if problem is not None:
             yield StateView(None, problem)
             return
-        with self.lock:
+        waiting.acquire(self.lock)  # an event loop's decision goes to a pool thread instead
+        try:
             yield StateView(self.state)
+        finally:
+            self.lock.release()
 
     def readiness(self) -> Readiness:
         """Ready only while node checks would trust the state: synced and not too old."""
