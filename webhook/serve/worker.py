@@ -773,9 +773,9 @@ class GuardWorker(ThreadWorker):
             conn.request = (*conn.request, self._may_keep_alive())
             if self._answer_on_loop(conn):
                 return
+        super().enqueue_req(conn)
         self.in_threads += 1
         conn.in_thread = True
-        super().enqueue_req(conn)
 
     def _loop_is_free(self) -> bool:
         """Whether the loop has nothing else to do: this request was all its last wait returned,

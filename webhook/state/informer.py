@@ -287,8 +287,10 @@ class Informer:
     def readiness(self) -> Readiness:
         """Ready only while node checks would trust the state: synced and not too old."""
         problem = self._unavailable()
-        with self.lock:
-            nodes, pods = len(self.state.nodes), len(self.state.pods)
+        # Without the lock: the counts are a gauge's, and a worker's event loop asks for them
+        # after a review it answered (``serve/app.py``), where it must not wait for a list.
+        state = self.state
+        nodes, pods = len(state.nodes), len(state.pods)
         reason = problem or "nodes and pods listed and watched"
         return Readiness(problem is None, reason, nodes, pods, self._heard_wall, self.relists)
 

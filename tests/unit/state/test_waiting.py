@@ -113,6 +113,16 @@ def test_reading_a_state_its_informer_is_writing_raises_would_wait(tmp_path):
             pass
         with without_waiting(), informer.reading() as view:  # free: read at once
             assert view.state is informer.state
+        # Readiness is asked after a review was answered, when a retry is too late: no lock.
+        answers: list = []
+        with informer.lock:
+            asking = threading.Thread(target=lambda: answers.append(informer.readiness()))
+            asking.start()
+            asking.join(2)
+            answered_while_held = not asking.is_alive()
+        asking.join()
+        assert answered_while_held
+        assert [(r.ready, r.nodes) for r in answers] == [(True, 1)]
     finally:
         informer.stop()
         server.close()
