@@ -59,12 +59,7 @@ def test_a_storm_probe_is_claimed_only_by_a_decision_that_may_wait(tmp_path):
         storm.observe(rejected(f"r{n}"), time.time() - 20)  # open, and its cool-down is over
     probes = shared_probes(tmp_path / "probes", None, "admit-guard", 1.0, 1.0)
     client = create_app(config, FixedState(ClusterState(storm)), storm_probes=probes).test_client()
-    review = {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {"uid": "u", "kind": {"group": "", "version": "v1", "kind": "Pod"}, "namespace": "ml",
-                    "operation": "CREATE", "object": owned("next")},
-    }  # fmt: skip
+    review = pod_create(owned("next"))
     with without_waiting(), pytest.raises(WouldWait, match="probe"):
         client.post("/validate", json=review)
     assert storm.breakers["rs-uid"].state != HALF_OPEN  # the slot is still free
