@@ -89,8 +89,12 @@ class Pipeline:
         if routed.route == BIND:
             if self.bind_guard is None or not validating:
                 return Outcome.allowing(req)
+            if self.bind_guard.leases is not None:  # said before any work a thread would redo
+                waiting.before_waiting("the API server (a bind the Leases may coordinate)")
             return self.bind_guard.review(req, self.source, verified=verified, target=routed.target)
         if routed.route == ALLOCATION and validating and self._guard_judges_allocations(req):
+            if self.allocation_guard.leases is not None:
+                waiting.before_waiting("the API server (an allocation the Leases may coordinate)")
             return self.allocation_guard.review(req, self.source, Outcome.allowing(req), verified=verified)
         outcome, judged, storm = self._engine(req, endpoint, now)
         owner = _probe_owner(storm, req, outcome, now) if validating else None

@@ -40,6 +40,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from ..state import waiting
 from ..state.apiserver import ApiError
 from .budget import Budget, Busy, DeadlineExceeded
 from .lease import LeaseFull, LeaseRead, LeaseStore
@@ -121,6 +122,8 @@ class Transaction:
         ``keep`` says stay). ``coordinated``: whether the Leases are written (else only read,
         to rebuild a damaged table). ``stands``: whether a verdict the caller reached before
         still holds; with it, the cheap path (see the module doc) may decide."""
+        if coordinated and self.leases is not None:  # asked before the tables, not after them
+            waiting.before_waiting("the API server (a coordinated decision's Leases)")
         held = self._hold(keys, coordinated)
         try:
             if stands is not None and write and not coordinated and self._alone(held, new) and stands():

@@ -8,11 +8,12 @@ import time
 
 import pytest
 
-from tests.helpers.binds import client_for, pod_create, state_with
+from tests.helpers.binds import binding, client_for, gpu_pod, pod_create, state_with
 from tests.helpers.builders import node, pod
 from tests.helpers.live_server import metric_sum
 from tests.helpers.storm import owned, rejected
 from webhook.config import config_from_dict
+from webhook.coordination.names import table_file_name
 from webhook.coordination.probes import shared_probes
 from webhook.coordination.reservations import node_table
 from webhook.serve.app import ANSWERS_WITHOUT_WAITING, create_app
@@ -90,3 +91,29 @@ def test_the_loop_answers_admission_reviews_that_are_not_large_nor_followed(
 
 def test_a_head_gunicorn_parses_is_never_answered_by_the_loop():
     assert not on_loop(None, 2_000, False, PATHS)
+
+
+class UnusedLeases:
+    """A Lease store the decision on the loop must give up before it is used."""
+
+    def __getattr__(self, name: str):
+        raise AssertionError(f"the Leases were used on the loop ({name})")
+
+
+def test_a_bind_the_leases_may_coordinate_goes_to_a_thread_before_any_work(tmp_path):
+    state = state_with(node("n1", cpu="1"), pod("a", namespace="ml", requests={"cpu": "1"}))
+    client = client_for(state, tmp_path, leases=UnusedLeases())
+    with without_waiting(), pytest.raises(WouldWait, match="a bind the Leases may coordinate"):
+        client.post("/validate", json=binding("a", "n1"))
+    assert not (tmp_path / "reservations" / table_file_name("n1")).exists()  # no table read
+    assert requests_total(client) == 0
+
+
+def test_a_pinned_pod_whose_reservation_the_leases_coordinate_goes_to_a_thread_before_its_table(tmp_path):
+    state = state_with(node("n1", extra={"nvidia.com/gpu": "2"}))
+    client = client_for(state, tmp_path, leases=UnusedLeases())
+    review = pod_create(gpu_pod("direct", node_name="n1"))
+    with without_waiting(), pytest.raises(WouldWait, match="a coordinated decision's Leases"):
+        client.post("/validate", json=review)
+    assert not (tmp_path / "reservations" / table_file_name("n1")).exists()
+    assert requests_total(client) == 0
