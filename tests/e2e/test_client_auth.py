@@ -195,6 +195,8 @@ def test_health_and_metrics_need_no_client_certificate(server, path):
 class RecordingBindGuard:
     """Records how the app calls the bind guard."""
 
+    leases = None  # no coordination through the API server
+
     def __init__(self) -> None:
         self.calls: list[tuple[str, bool]] = []
 
