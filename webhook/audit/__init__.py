@@ -91,6 +91,7 @@ def periodic_passes(config: Config) -> list[tuple[tuple[str, ...], AuditPass]]:
         step=lambda state, names: found.extend(node_findings(state, config, names)),
         findings=lambda state: found,
         chunk=NODES_PER_CHUNK,
+        separable=True,
     )
     on = _on(config, NODE_POLICIES)
     per_node = tuple(t for policy in on for t in policy.AUDITS if AUDIT_READS_OF[t] == PODS)

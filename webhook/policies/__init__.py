@@ -257,12 +257,15 @@ class AuditPass:
     """A policy's audit of the live state, a chunk at a time: the server's periodic audit holds
     the state's lock for one chunk, never for the whole cluster. ``keys`` lists what there is to
     judge (None: the state lacks the policy's input, its types are not published), ``step``
-    judges a chunk of them, ``findings`` says what the steps found."""
+    judges a chunk of them, ``findings`` says what the steps found. ``separable``: each key's
+    findings are its own, none gathered across chunks, so its keys may be judged in separate
+    processes (the replica's audit does, to bound what each copies)."""
 
     keys: Callable[[ClusterState], Sequence[str] | None]
     step: Callable[[ClusterState, Sequence[str]], None]
     findings: Callable[[ClusterState], list[Finding]]
     chunk: int
+    separable: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -94,6 +94,53 @@ def test_each_pass_of_the_replicas_audit_reads_the_state_in_a_process_forked_for
     assert findings_gauge(metrics, type="MixedDeviceScheduler", namespace="") == 1
 
 
+def gpu_nodes(count: int) -> ClusterState:
+    """``count`` nodes, each with a GPU held by pods of two schedulers: a finding per node."""
+    state = ClusterState()
+    for n in range(count):
+        state.set_node(node_from(node(f"gpu-{n}", extra={"nvidia.com/gpu": "4"})))
+        for name, scheduler in (("a", None), ("b", "volcano")):
+            p = pod(
+                f"{name}-{n}", node_name=f"gpu-{n}", requests={"nvidia.com/gpu": "1"}, scheduler=scheduler
+            )
+            state.set_pod(object_key(p), pod_record(p))
+    return state
+
+
+def test_the_replicas_audit_judges_the_nodes_a_group_at_a_time_each_in_a_process_of_its_own(
+    tmp_path, monkeypatch
+):
+    """What a child copies grows with the nodes it judges (their objects lie scattered over the
+    heap): the replica's peak is one group's copy, not the whole cluster's."""
+    monkeypatch.setattr("webhook.serve.periodic_audit.KEYS_PER_CHILD", 2)
+    readers, metrics = tmp_path / "readers", ScrapedGauges()
+    found = PeriodicAudit(
+        ReadersOnFile(gpu_nodes(5), readers), Config(), metrics, 60, in_child=True
+    ).run_once()
+    assert sorted(f.name for f in found) == [f"gpu-{n}" for n in range(5)]
+    assert findings_gauge(metrics, type="MixedDeviceScheduler", namespace="") == 5
+    pids = readers.read_text().split()
+    assert str(os.getpid()) not in pids
+    assert len(set(pids)) == 1 + 3  # the child that lists the nodes, then groups of 2 + 2 + 1
+
+
+def test_a_group_that_fails_in_its_process_fails_the_pass_and_leaves_the_gauges(monkeypatch, caplog):
+    from webhook import audit
+
+    def judged(state, config, names):
+        if "gpu-3" in names:
+            raise RuntimeError("node gpu-3 broke the audit")
+        return node_findings(state, config, names)
+
+    node_findings = audit.node_findings
+    monkeypatch.setattr("webhook.serve.periodic_audit.KEYS_PER_CHILD", 2)
+    monkeypatch.setattr(audit, "node_findings", judged)
+    metrics = ScrapedGauges()
+    assert PeriodicAudit(FixedState(gpu_nodes(5)), Config(), metrics, 60, in_child=True).run_once() is None
+    assert "node gpu-3 broke the audit" in caplog.text
+    assert "admit_guard_audit_findings{" not in metrics.scrape()
+
+
 def test_a_pass_that_fails_in_its_process_is_logged_and_leaves_the_gauges(caplog):
     class Broken(FixedState):
         @contextmanager
