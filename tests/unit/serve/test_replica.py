@@ -165,13 +165,31 @@ def _renewal(**kwargs) -> Renewal:
     return Renewal(FakeReplica(), **kwargs)  # type: ignore[arg-type]
 
 
-def test_a_worker_forked_before_the_leader_synced_is_renewed_fresh_one_first():
+def test_a_worker_forked_before_the_leader_synced_is_retired_before_its_fresh_one_beside_another():
+    """It has no state to serve with, and holds as its own what the leader wrote since its
+    fork: a third worker beside it and the leader's newly listed state was the replica's peak."""
     renewal, arbiter = _renewal(), FakeArbiter()
     renewal.forked(101, resumable=False)
     renewal.forked(102, resumable=True)
     renewal.step(arbiter, now=0.0)
+    assert arbiter.killed == [(101, signal.SIGTERM)] and arbiter.num_workers == 2
     arbiter.manage()
-    assert arbiter.num_workers == 3 and len(arbiter.WORKERS) == 3  # the fresh one forked
+    assert set(arbiter.WORKERS) == {101, 102}  # no fresh one while it is still there
+    renewal.step(arbiter, now=0.5)
+    del arbiter.WORKERS[101]  # it exited
+    renewal.step(arbiter, now=1.0)
+    arbiter.manage()
+    assert arbiter.num_workers == 2 and set(arbiter.WORKERS) == {102, 201}
+    renewal.step(arbiter, now=1.6)
+    assert renewal.old is None and renewal.renewals == 1  # 102 followed the leader: kept
+
+
+def test_a_lone_worker_forked_before_the_leader_synced_is_renewed_fresh_one_first():
+    renewal, arbiter = _renewal(), FakeArbiter({101: object()}, num_workers=1)
+    renewal.forked(101, resumable=False)
+    renewal.step(arbiter, now=0.0)
+    arbiter.manage()
+    assert arbiter.num_workers == 2 and set(arbiter.WORKERS) == {101, 201}  # the fresh one forked
     renewal.step(arbiter, now=0.1)
     renewal.step(arbiter, now=0.5)
     assert arbiter.killed == []  # it has not had time to listen
@@ -179,9 +197,9 @@ def test_a_worker_forked_before_the_leader_synced_is_renewed_fresh_one_first():
     assert arbiter.killed == [(101, signal.SIGTERM)]
     del arbiter.WORKERS[101]  # it exited
     renewal.step(arbiter, now=1.5)
-    assert arbiter.num_workers == 2 and set(arbiter.WORKERS) == {102, 201}
+    assert arbiter.num_workers == 1 and set(arbiter.WORKERS) == {201}
     renewal.step(arbiter, now=1.6)
-    assert renewal.old is None and renewal.renewals == 1  # 102 followed the leader: kept
+    assert renewal.old is None and renewal.renewals == 1
 
 
 def test_no_worker_is_renewed_while_the_leader_cannot_be_followed():
@@ -234,13 +252,13 @@ def test_a_worker_within_its_budget_is_kept(monkeypatch):
 
 
 def test_a_worker_that_dies_while_renewed_ends_the_renewal_without_a_kill():
-    renewal, arbiter = _renewal(), FakeArbiter()
+    renewal, arbiter = _renewal(), FakeArbiter({101: object()}, num_workers=1)
     renewal.forked(101, resumable=False)
     renewal.step(arbiter, now=0.0)
     arbiter.manage()
     del arbiter.WORKERS[101]  # crashed before the fresh one settled
     renewal.step(arbiter, now=0.2)
-    assert arbiter.killed == [] and arbiter.num_workers == 2 and renewal.old is None
+    assert arbiter.killed == [] and arbiter.num_workers == 1 and renewal.old is None
 
 
 def test_private_bytes_reads_this_process_and_is_zero_for_a_process_gone():
