@@ -171,7 +171,7 @@ class Renewal:
     fresh one forked once it is gone (gunicorn keeps the count): it has no state to serve with
     (``/readyz`` answers 503), and it holds as its own every page the leader wrote since its
     fork, so a third worker beside it and the leader's newly listed state was the replica's
-    peak (at 65,000 nodes: 821-827 MiB, against 781-791 retired first).
+    peak (at 65,000 nodes: 801-846 MiB, against 779-791 retired first).
     """
 
     replica: ReplicaState
