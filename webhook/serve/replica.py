@@ -55,6 +55,10 @@ LEADER_MIN_BUDGET = 64 * MIB
 CHECK_SECONDS = 10.0  # how often the master reads its workers' memory
 SETTLE_SECONDS = 1.0  # a fresh worker listens within a few hundred ms of its fork
 SPACING_SECONDS = 30.0  # between two renewals: the replica never renews two workers at once
+# The leader's watch events per second below which it has caught up on a watch's backlog (at
+# 65,000 nodes it applied a backlog of 100,000 at 27,000-94,000 a second); waited for at most
+# ``SPACING_SECONDS`` after a fresh worker's fork, on a cluster that never goes quieter.
+CAUGHT_UP_EVENTS_PER_SECOND = 1_000
 
 
 class ReplicaState:
@@ -167,11 +171,15 @@ class Renewal:
     the old one once the fresh one had ``settle`` seconds to listen, and lowers the count once
     the old one is gone, so gunicorn never picks a worker to stop itself.
 
-    A worker forked before the leader synced, beside another worker, is retired first and its
-    fresh one forked once it is gone (gunicorn keeps the count): it has no state to serve with
-    (``/readyz`` answers 503), and it holds as its own every page the leader wrote since its
-    fork, so a third worker beside it and the leader's newly listed state was the replica's
-    peak (at 65,000 nodes: 801-846 MiB, against 779-791 retired first).
+    Workers forked before the leader synced are retired first, and their fresh ones forked
+    once they are gone: they have no state to serve with (``/readyz`` answers 503), and each
+    holds as its own every page the leader wrote since its fork, so a fresh worker beside them
+    and the leader's newly listed state was the replica's peak (at 65,000 nodes: 801-846 MiB
+    with a third worker, 779-791 with one of them retired first, 673-737 all retired at once).
+    Retired together, they are renewed one at a time (gunicorn's count lowered, then raised
+    once each fresh one had ``settle`` seconds and the leader caught up on its watch backlog):
+    the later ones are forked from the caught-up state, where forked at once each applied the
+    backlog itself (settled at 785-790 MiB against 736-748).
     """
 
     replica: ReplicaState
@@ -186,6 +194,9 @@ class Renewal:
     raised: bool = False  # the worker count was raised for the old one's fresh one
     fresh_since: float | None = None
     retired: bool = False
+    held_back: int = 0  # workers gunicorn's count was lowered by, to fork one at a time
+    retiring: set[int] = field(default_factory=set)  # the unsynced ones retired together
+    leader_events: tuple[float, int] | None = None  # the leader's event count, and when it was read
     next_renewal: float = 0.0
     next_check: float = 0.0
     renewals: int = 0
@@ -200,7 +211,9 @@ class Renewal:
         workers = arbiter.WORKERS
         self.unsynced &= workers.keys()
         self.born = {pid: None for pid in self.born if pid in workers}
-        if self.old is None:
+        if self.held_back:
+            self._bring_back(arbiter, now)
+        elif self.old is None:
             self._start(arbiter, now)
         elif self.old not in workers:  # it left (retired, or died meanwhile)
             self._finish(arbiter, now)
@@ -213,6 +226,9 @@ class Renewal:
     def _start(self, arbiter, now: float) -> None:
         if not self.replica.leader.resumable:
             return
+        if len(self.unsynced) > 1:
+            self._retire_unsynced(arbiter)
+            return
         old = self._due(arbiter.WORKERS, now)
         if old is None:
             return
@@ -224,6 +240,47 @@ class Renewal:
             arbiter.kill_worker(old, signal.SIGTERM)
             self.retired = True
         self.renewals += 1
+
+    def _retire_unsynced(self, arbiter) -> None:
+        """Stop every worker forked before the leader synced, and let gunicorn fork one fresh
+        worker for them once they are gone (``_bring_back`` the others)."""
+        retiring = sorted(self.unsynced)
+        log.info("renewing workers %s: forked before the replica's informer was synced", retiring)
+        for pid in retiring:
+            arbiter.kill_worker(pid, signal.SIGTERM)
+        staying = len(arbiter.WORKERS) - len(retiring)
+        self.held_back = max(arbiter.num_workers - staying - 1, 0)
+        arbiter.num_workers -= self.held_back
+        self.retiring, self.fresh_since = set(retiring), None
+        self.unsynced.clear()
+        self.renewals += len(retiring)
+
+    def _bring_back(self, arbiter, now: float) -> None:
+        """Raise gunicorn's count by one once the retired workers are gone and the last fresh
+        one had ``settle`` seconds to listen."""
+        if self.retiring & arbiter.WORKERS.keys():
+            return
+        caught_up = self._leader_caught_up(now)
+        if self.fresh_since is None:
+            self.fresh_since = now  # gunicorn forks the fresh worker in the loop after this step
+        elif now - self.fresh_since >= self.settle and (caught_up or now - self.fresh_since >= self.spacing):
+            arbiter.num_workers += 1
+            self.held_back -= 1
+            self.fresh_since = None
+            if not self.held_back:
+                self.retiring.clear()
+                self.next_renewal = now + self.spacing
+
+    def _leader_caught_up(self, now: float) -> bool:
+        """Whether the leader applied fewer than ``CAUGHT_UP_EVENTS_PER_SECOND`` watch events
+        since the last step: a worker forked while it applies a backlog (the replica starting)
+        applies the rest of it too, into pages of its own (at 65,000 nodes: 39-42 MiB against
+        12-27 once caught up)."""
+        events, last = self.replica.leader.events, self.leader_events
+        self.leader_events = (now, events)
+        if last is None or now <= last[0]:
+            return False
+        return (events - last[1]) / (now - last[0]) < CAUGHT_UP_EVENTS_PER_SECOND
 
     def _finish(self, arbiter, now: float) -> None:
         if self.raised:

@@ -136,6 +136,7 @@ def test_what_a_fork_left_its_child_is_known_per_forking_thread(cluster, kubecon
 @dataclass
 class FakeLeader:
     resumable: bool = True
+    events: int = 0
 
 
 @dataclass
@@ -182,6 +183,54 @@ def test_a_worker_forked_before_the_leader_synced_is_retired_before_its_fresh_on
     assert arbiter.num_workers == 2 and set(arbiter.WORKERS) == {102, 201}
     renewal.step(arbiter, now=1.6)
     assert renewal.old is None and renewal.renewals == 1  # 102 followed the leader: kept
+
+
+def test_workers_forked_before_the_leader_synced_are_retired_together_and_renewed_one_at_a_time():
+    """None of them can serve, and each holds as its own what the leader wrote since its fork:
+    one beside a fresh one was the replica's peak. The second fresh one is forked once the
+    first had time to listen and the leader caught up on the watch backlog: forked earlier,
+    it applies the backlog itself, into pages of its own."""
+    renewal, arbiter = _renewal(), FakeArbiter()
+    leader = renewal.replica.leader
+    renewal.forked(101, resumable=False)
+    renewal.forked(102, resumable=False)
+    renewal.step(arbiter, now=0.0)
+    assert sorted(arbiter.killed) == [(101, signal.SIGTERM), (102, signal.SIGTERM)]
+    assert arbiter.num_workers == 1
+    del arbiter.WORKERS[101]  # it exited; 102 is still exiting
+    renewal.step(arbiter, now=0.5)
+    arbiter.manage()
+    assert set(arbiter.WORKERS) == {102}  # no fresh one beside an old one
+    del arbiter.WORKERS[102]
+    renewal.step(arbiter, now=1.0)
+    arbiter.manage()
+    assert set(arbiter.WORKERS) == {201}
+    for now, applied in ((1.5, 10), (2.1, 20_000), (3.1, 20_000)):
+        leader.events += applied
+        renewal.step(arbiter, now=now)
+        arbiter.manage()
+        assert set(arbiter.WORKERS) == {201}, now  # too soon to listen, then the backlog
+    leader.events += 40
+    renewal.step(arbiter, now=4.1)
+    arbiter.manage()
+    assert arbiter.num_workers == 2 and set(arbiter.WORKERS) == {201, 202}
+    renewal.step(arbiter, now=4.2)
+    assert arbiter.num_workers == 2 and len(arbiter.killed) == 2 and renewal.renewals == 2
+
+
+def test_the_fresh_workers_wait_for_a_busy_leader_only_so_long():
+    renewal, arbiter = _renewal(), FakeArbiter()
+    renewal.forked(101, resumable=False)
+    renewal.forked(102, resumable=False)
+    renewal.step(arbiter, now=0.0)
+    arbiter.WORKERS.clear()
+    renewal.step(arbiter, now=0.1)
+    arbiter.manage()
+    for second in range(1, 31):
+        renewal.replica.leader.events += 5_000
+        renewal.step(arbiter, now=0.1 + second)
+        arbiter.manage()
+    assert arbiter.num_workers == 2 and len(arbiter.WORKERS) == 2
 
 
 def test_a_lone_worker_forked_before_the_leader_synced_is_renewed_fresh_one_first():
