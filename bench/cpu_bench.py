@@ -13,16 +13,29 @@ requests alike for both servers, so what differs is in the pool threads, where t
 Runs alternate bare, guard (and, with ``--source DIR``, the guard of another version's tree,
 for a before/after in one invocation) three times; medians.
 Target: the guard's CPU per review <= 1.15x the bare app's.
+
+Then each app alone, in a process of its own (no server, no TLS: ``app_cpu``): its CPU per
+review called back to back, and called after ``IDLE`` seconds asleep each time, as a worker's
+app is at 500 req/s over 2 workers. On this machine (a VM) memory touched after the core idled
+costs several times what it costs warm (400 random dict lookups: 28 µs back to back, 653 µs
+after 4 ms asleep; a loop over no memory: 96 µs either way), so the more memory an app's
+review touches, the more of its CPU is that: the servers' difference lies between the apps'
+two differences (28 Nov 2026: about 250 µs, against 120 back to back and 640 after idling).
 """
 
 from __future__ import annotations
 
 import argparse
+import io
+import json
+import logging
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,6 +49,8 @@ from webhook.certs import issue  # noqa: E402
 
 RUNS = 3
 TICK = os.sysconf("SC_CLK_TCK")
+IDLE = 0.004  # a worker's time between reviews at 500 req/s over 2 workers
+CALLS = 2000
 
 
 def _ticks(stat: Path) -> int:
@@ -67,11 +82,84 @@ def measure(kind: str, work: Path, source: Path | None) -> tuple[float, float, f
     return (after_total - total) / answered * 1e6, (after_main - main) / answered * 1e6, p99, failed
 
 
+def guard_app():
+    """The guard's app on the example cluster, as ``admit-guard serve`` builds it in a worker
+    (the bind guard's table, the multi-process metrics, the decision log to a thread)."""
+    from webhook.cli.options import load_config, state_origin
+    from webhook.serve import prefork
+
+    config = load_config(None)
+    origin = state_origin((str(ROOT / "examples" / "cluster"),), None, None)
+    prefork.metrics_directory()
+    factory = prefork.worker_app(
+        config,
+        origin,
+        origin.snapshot(config.storm_breaker),
+        reservations=prefork.shared_directory("admit-guard-bench-"),
+        max_body_bytes=3 << 20,
+    )
+    from webhook.serve.app import DECISION_LOG
+    from webhook.serve.decision_log import log_lines_in_background
+
+    log_lines_in_background(logging.getLogger(DECISION_LOG), open(os.devnull, "w"))  # noqa: SIM115
+    return factory()
+
+
+def app_cpu(kind: str) -> dict[str, float]:
+    """µs of this thread's CPU per review by ``kind``'s app, back to back and after ``IDLE``."""
+    from floor_bench import bare_app
+
+    app = guard_app() if kind == "guard" else bare_app()
+    body = REVIEW.read_bytes()
+
+    def call() -> None:
+        environ = {
+            "REQUEST_METHOD": "POST", "PATH_INFO": "/validate", "CONTENT_LENGTH": str(len(body)),
+            "wsgi.input": io.BytesIO(body), "SERVER_NAME": "127.0.0.1", "SERVER_PORT": "8443",
+            "SERVER_PROTOCOL": "HTTP/1.1", "wsgi.url_scheme": "https",
+        }  # fmt: skip
+        statuses: list[str] = []
+        b"".join(app(environ, lambda status, headers, exc_info=None: statuses.append(status)))
+        assert statuses == ["200 OK"], statuses
+
+    for _ in range(200):
+        call()
+    result = {}
+    for label, idle in (("back to back", 0.0), (f"after {IDLE * 1000:g} ms idle", IDLE)):
+        spent = 0.0
+        for _ in range(CALLS):
+            if idle:
+                time.sleep(idle)
+            before = time.thread_time()
+            call()
+            spent += time.thread_time() - before
+        result[label] = spent / CALLS * 1e6
+    return result
+
+
+def apps_alone() -> None:
+    """Each app's CPU per review in a process of its own, and the guard's against the bare's."""
+    results = {}
+    for kind in ("bare", "guard"):
+        out = subprocess.run(
+            [sys.executable, __file__, "--app", kind], capture_output=True, text=True, check=True
+        ).stdout
+        results[kind] = json.loads(out)
+    for label, bare in results["bare"].items():
+        guard = results["guard"][label]
+        print(f"the apps alone, {label}: guard {guard:.0f} µs CPU per review, bare {bare:.0f} "
+              f"(guard - bare = {guard - bare:.0f} µs)")  # fmt: skip
+
+
 def main() -> None:
     formatter = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
     parser.add_argument("--source", type=Path, help="also measure the guard of this source tree")
+    parser.add_argument("--app", choices=("bare", "guard"), help=argparse.SUPPRESS)  # apps_alone's child
     args = parser.parse_args()
+    if args.app:
+        print(json.dumps(app_cpu(args.app)))
+        return
     if shutil.which("h2load") is None:
         print("cpu_bench: h2load not installed (Debian: nghttp2-client; make bench-tools)")
         return
@@ -98,6 +186,7 @@ def main() -> None:
         print(f"median {label}: {cpu:.0f} µs CPU per review = {cpu / bare_cpu:.2f}x bare's "
               f"{bare_cpu:.0f} (target <= 1.15x), {threads:.0f} of it in threads other than the "
               f"event loops; p99 {p99:.2f} ms = {p99 / bare_p99:.2f}x bare's (target <= 1.2x)")  # fmt: skip
+    apps_alone()
 
 
 if __name__ == "__main__":

@@ -3,10 +3,15 @@
 A synthetic cluster (default 20,000 nodes / 600,000 pods, then ``--events`` pod updates the
 watch replays) served by the test API server in a separate process on loopback; ``admit-guard
 serve --kubeconfig`` with 1 and then 2 workers against it. Reported per run: time from the
-start to ready (every worker listening and ``/readyz`` answering 200), and the replica's
+start to ready (``/readyz`` answering 200: the Service routes reviews to the pod) and to every
+worker listening (at start-up the fresh workers are forked one at a time), and the replica's
 proportional memory (PSS: a shared page split among the processes that map it, so the sum
 counts it once) over the master and its workers, at ready and once the watch events are
-applied, with each process's private memory.
+applied, with each process's private memory. A thread samples the replica's PSS every 0.1 s
+from the start, and each run reports its peaks before ready (no review is routed to a pod
+that is not ready), from ready until settled (the workers forked before the list renewed),
+and over ``--watch`` (renewals and audit passes): the shipped limit must hold all three, the
+last two with room for the request budget.
 
 Target: the replica's PSS with 2 workers <= 1.3x with 1. ``--root`` runs another checkout's
 server (the design before, one informer per worker) against the same cluster: the
@@ -22,6 +27,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -103,11 +109,34 @@ def settled(master: int, workers: int, quiet: float = 3.0, limit: float = 600.0)
     return time.monotonic() - started
 
 
+class Sampler:
+    """The replica's PSS every ``every`` seconds on a thread of its own: (seconds since the
+    start, bytes), so that a peak between two looks is seen."""
+
+    def __init__(self, master: int, started: float, every: float = 0.1) -> None:
+        self.samples: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, args=(master, started, every), daemon=True)
+        self._thread.start()
+
+    def _sample(self, master: int, started: float, every: float) -> None:
+        while not self._stop.wait(every):
+            self.samples.append((time.monotonic() - started, replica_memory(master)[0]))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def peak(self, start: float, end: float) -> int:
+        return max((pss for at, pss in self.samples if start <= at < end), default=0)
+
+
 def run(
     root: Path, workers: int, kubeconfig: str, workdir: Path, extra: tuple[str, ...] = (), watch: float = 0.0
 ) -> dict:
-    """One server from start to settled; then, for ``watch`` seconds, the replica's PSS every
-    2 s (renewals and audit passes included): its peak and its last."""
+    """One server from start to settled; then, for ``watch`` seconds, the replica's PSS
+    (renewals and audit passes included): its peak and its last. The PSS is sampled every
+    0.1 s throughout (``Sampler``): the peaks before ready, and from ready until settled."""
     cert_dir = workdir / "certs"
     if not (cert_dir / "tls.crt").exists():
         issue("admit-guard", "admit-guard", cert_dir)
@@ -120,32 +149,37 @@ def run(
          *extra],
         cwd=root, stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
+    sampler = Sampler(process.pid, started)
     try:
         while not ready(port, cert_dir):
             if process.poll() is not None or time.monotonic() - started > 600:
                 raise SystemExit(f"the server did not become ready: see {workdir}/server-{workers}.log")
             time.sleep(0.1)
-        wait_listening(port, workers, timeout=120)
         ready_after = time.monotonic() - started
         at_ready, _ = replica_memory(process.pid)
+        wait_listening(port, workers, timeout=120)
+        listening_after = time.monotonic() - started
         settle = settled(process.pid, workers)
         after, rows = replica_memory(process.pid)
-        samples = []
-        for _ in range(int(watch / 2)):
-            time.sleep(2)
-            samples.append(replica_memory(process.pid)[0])
+        settled_at = time.monotonic() - started
+        time.sleep(watch)
+        sampler.stop()
         renewals = sum(b"renewing worker" in line for line in (workdir / f"server-{workers}.log").open("rb"))
         return {
-            "watched": (max(samples), samples[-1]) if samples else None,
+            "watched": (sampler.peak(settled_at, float("inf")), sampler.samples[-1][1]) if watch else None,
             "renewals": renewals,
             "workers": workers,
             "ready_s": ready_after,
+            "listening_s": listening_after,
             "pss_at_ready": at_ready,
+            "peak_before_ready": sampler.peak(0.0, ready_after),
+            "peak_until_settled": sampler.peak(ready_after, settled_at),
             "pss": after,
             "rows": rows,
             "settle_s": settle,
         }
     finally:
+        sampler.stop()
         process.terminate()
         process.wait(timeout=60)
         log.close()
@@ -181,9 +215,12 @@ def main() -> None:
                     for i, (_, pss, private) in enumerate(result["rows"])
                 )
                 print(
-                    f"{workers} worker(s): ready in {result['ready_s']:.1f} s; replica PSS at ready "
+                    f"{workers} worker(s): ready in {result['ready_s']:.1f} s, every worker listening in "
+                    f"{result['listening_s']:.1f} s; replica PSS at ready "
                     f"{result['pss_at_ready'] / MIB:.0f} MiB, after the events {result['pss'] / MIB:.0f} MiB "
-                    f"(settled {result['settle_s']:.0f} s later; PSS/private MiB: {rows})"
+                    f"(settled {result['settle_s']:.0f} s later; PSS/private MiB: {rows}); peaks "
+                    f"{result['peak_before_ready'] / MIB:.0f} MiB before ready, "
+                    f"{result['peak_until_settled'] / MIB:.0f} from ready until settled"
                 )
                 if result["watched"]:
                     peak, last = result["watched"]
