@@ -256,8 +256,8 @@ class Renewal:
         self.renewals += len(retiring)
 
     def _bring_back(self, arbiter, now: float) -> None:
-        """Raise gunicorn's count by one once the retired workers are gone and the last fresh
-        one had ``settle`` seconds to listen."""
+        """Raise gunicorn's count by one once the retired workers are gone, the last fresh one
+        had ``settle`` seconds to listen and the leader caught up (or ``spacing`` passed)."""
         if self.retiring & arbiter.WORKERS.keys():
             return
         caught_up = self._leader_caught_up(now)
