@@ -191,7 +191,6 @@ class Renewal:
     unsynced: set[int] = field(default_factory=set)
     born: dict[int, None] = field(default_factory=dict)  # the workers, in the order of their forks
     old: int | None = None
-    raised: bool = False  # the worker count was raised for the old one's fresh one
     fresh_since: float | None = None
     retired: bool = False
     held_back: int = 0  # workers gunicorn's count was lowered by, to fork one at a time
@@ -226,24 +225,19 @@ class Renewal:
     def _start(self, arbiter, now: float) -> None:
         if not self.replica.leader.resumable:
             return
-        if len(self.unsynced) > 1:
-            self._retire_unsynced(arbiter)
+        if self.unsynced and len(arbiter.WORKERS) > 1:  # a lone one is renewed fresh one first
+            self._retire_unsynced(arbiter, now)
             return
         old = self._due(arbiter.WORKERS, now)
         if old is None:
             return
         self.old, self.fresh_since, self.retired = old, None, False
-        self.raised = old not in self.unsynced or len(arbiter.WORKERS) < 2
-        if self.raised:
-            arbiter.num_workers += 1
-        else:
-            arbiter.kill_worker(old, signal.SIGTERM)
-            self.retired = True
+        arbiter.num_workers += 1
         self.renewals += 1
 
-    def _retire_unsynced(self, arbiter) -> None:
+    def _retire_unsynced(self, arbiter, now: float) -> None:
         """Stop every worker forked before the leader synced, and let gunicorn fork one fresh
-        worker for them once they are gone (``_bring_back`` the others)."""
+        worker for them once they are gone (``_bring_back`` the others, if any)."""
         retiring = sorted(self.unsynced)
         log.info("renewing workers %s: forked before the replica's informer was synced", retiring)
         for pid in retiring:
@@ -251,9 +245,11 @@ class Renewal:
         staying = len(arbiter.WORKERS) - len(retiring)
         self.held_back = max(arbiter.num_workers - staying - 1, 0)
         arbiter.num_workers -= self.held_back
-        self.retiring, self.fresh_since = set(retiring), None
+        self.retiring, self.fresh_since = set(retiring) if self.held_back else set(), None
         self.unsynced.clear()
         self.renewals += len(retiring)
+        if not self.held_back:
+            self.next_renewal = now + self.spacing
 
     def _bring_back(self, arbiter, now: float) -> None:
         """Raise gunicorn's count by one once the retired workers are gone, the last fresh one
@@ -283,8 +279,7 @@ class Renewal:
         return (events - last[1]) / (now - last[0]) < CAUGHT_UP_EVENTS_PER_SECOND
 
     def _finish(self, arbiter, now: float) -> None:
-        if self.raised:
-            arbiter.num_workers -= 1
+        arbiter.num_workers -= 1
         self.old = None
         self.next_renewal = now + self.spacing
 
