@@ -85,25 +85,28 @@ def measure(kind: str, work: Path, source: Path | None) -> tuple[float, float, f
     return (after_total - total) / answered * 1e6, (after_main - main) / answered * 1e6, p99, failed
 
 
-def guard_app():
-    """The guard's app on the example cluster, as ``admit-guard serve`` builds it in a worker
-    (the bind guard's table, the multi-process metrics, the decision log to a thread)."""
+def example_cluster():
+    """The default config, the example cluster's origin and its snapshot, and a reservations
+    directory, as ``admit-guard serve examples/cluster`` has them before the fork."""
     from webhook.cli.options import load_config, state_origin
     from webhook.serve import prefork
 
     config = load_config(None)
     origin = state_origin((str(ROOT / "examples" / "cluster"),), None, None)
-    prefork.metrics_directory()
-    factory = prefork.worker_app(
-        config,
-        origin,
-        origin.snapshot(config.storm_breaker),
-        reservations=prefork.shared_directory("admit-guard-bench-"),
-        max_body_bytes=3 << 20,
-    )
+    reservations = prefork.shared_directory("admit-guard-bench-")
+    return config, origin, origin.snapshot(config.storm_breaker), reservations
+
+
+def guard_app():
+    """The guard's app on the example cluster, as ``admit-guard serve`` builds it in a worker
+    (the bind guard's table, the multi-process metrics, the decision log to a thread)."""
+    from webhook.serve import prefork
     from webhook.serve.app import DECISION_LOG
     from webhook.serve.decision_log import log_lines_in_background
 
+    config, origin, state, reservations = example_cluster()
+    prefork.metrics_directory()
+    factory = prefork.worker_app(config, origin, state, reservations=reservations, max_body_bytes=3 << 20)
     log_lines_in_background(logging.getLogger(DECISION_LOG), open(os.devnull, "w"))  # noqa: SIM115
     return factory()
 
@@ -114,17 +117,12 @@ def guard_decision():
     decision log): the work the guard exists to do, which no trimming of its glue removes."""
     from webhook.admission import VALIDATE
     from webhook.binding import BindGuard
-    from webhook.cli.options import load_config, state_origin
     from webhook.coordination.reservations import node_table
     from webhook.pipeline import Pipeline, read_review
-    from webhook.serve import prefork
     from webhook.state.source import FixedState
 
-    config = load_config(None)
-    origin = state_origin((str(ROOT / "examples" / "cluster"),), None, None)
-    table = node_table(prefork.shared_directory("admit-guard-bench-"))
-    source = FixedState(origin.snapshot(config.storm_breaker))
-    pipeline = Pipeline(config, source, bind_guard=BindGuard(config, table))
+    config, _, state, reservations = example_cluster()
+    pipeline = Pipeline(config, FixedState(state), bind_guard=BindGuard(config, node_table(reservations)))
     routed = read_review(REVIEW.read_bytes())
 
     def call() -> None:

@@ -245,7 +245,8 @@ class Renewal:
         staying = len(arbiter.WORKERS) - len(retiring)
         self.held_back = max(arbiter.num_workers - staying - 1, 0)
         arbiter.num_workers -= self.held_back
-        self.retiring, self.fresh_since = set(retiring) if self.held_back else set(), None
+        self.retiring = set(retiring) if self.held_back else set()  # awaited by ``_bring_back``
+        self.fresh_since = None
         self.unsynced.clear()
         self.renewals += len(retiring)
         if not self.held_back:
