@@ -1,11 +1,14 @@
 """YAML snapshots are read a batch of items at a time through yaml_rs, and only when every
 plain scalar reads the same in YAML 1.2 as in the strict YAML 1.1 reader."""
 
+import re
+
 import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from webhook.formats import yaml_items
 from webhook.formats.json_items import NotStreamable
 from webhook.formats.manifests import StrictLoader
 from webhook.formats.yaml_items import list_items
@@ -51,3 +54,12 @@ def test_items_are_read_in_batches_in_order():
         list_items("apiVersion: v1\nitems:\n" + items + "kind: List\nmetadata:\n  resourceVersion: ''\n")
     )
     assert [item["metadata"]["name"] for item in streamed] == [f"p{i}" for i in range(5000)]
+
+
+@settings(max_examples=2000, derandomize=True, deadline=None)
+@given(st.lists(st.sampled_from([*PIECES, "\n", "\n  ", "\n- ", "- - ", ":\n"]), max_size=40).map("".join))
+def test_the_possessive_scans_find_what_backtracking_ones_would(text):
+    for scan in (yaml_items._KEYS, yaml_items._VALUES, yaml_items._ENTRIES):
+        backtracking = re.compile(scan.pattern.replace("*+", "*").replace("++", "+"))
+        assert scan.pattern != backtracking.pattern
+        assert scan.findall(text) == backtracking.findall(text)
