@@ -127,6 +127,8 @@ class _Kind:
     # where not as parsed JSON (None: they are parsed).
     decode: Callable[[bytes], Page | None] | None = None
     decode_event: Callable[[bytes], tuple[str, Any, str | None] | None] | None = None
+    # How a page's objects are set (or, built as None, removed) at once, where not one by one.
+    store_page: Callable[[list[tuple[str, Any]]], None] | None = None
 
     def not_served(self, err: Exception) -> bool:
         """The cluster does not serve this optional resource (a 404 on its list or watch)."""
@@ -148,6 +150,7 @@ def _kinds(state: ClusterState) -> tuple[_Kind, ...]:
             key=_pod_key,
             build=_live_pod_record,
             store=state.set_pod,
+            store_page=state.set_pods,
             drop=state.remove_pod,
             present=lambda: list(state.pods),
             decode=lambda body: pod_page(body, state.storm),
@@ -495,10 +498,17 @@ class Informer:
         if kind.name == "pods" and self.state.storm is not None:
             for obj in filter(_storm_reads, objects):
                 self.state.storm.observe(obj, None, time.time())  # listed: at its creation time
-        built = [(kind.key(obj), self._build(kind, obj)) for obj in objects]
+        # A forked list's records (most of a big cluster's pods) are filed as they come.
+        built = [
+            (obj.key, obj) if type(obj) is PodRecord else (kind.key(obj), self._build(kind, obj))
+            for obj in objects
+        ]
         with self.lock:
+            seen.update([key for key, _ in built])
+            if kind.store_page is not None:
+                kind.store_page(built)
+                return
             for key, value in built:
-                seen.add(key)
                 self._set(kind, key, value)
 
     def _watch(self, kind: _Kind, resource_version: str) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -517,32 +517,43 @@ class ClusterState:
 
     def set_pod(self, key: str, record: PodRecord | None) -> None:
         """Add, replace, or (with ``None``, a terminal pod) remove the pod stored under ``key``."""
-        if record is None:
-            self.remove_pod(key)
-            return
-        old = self.pods.get(key)
-        if old is not None and old == record:
-            return  # most watch events change status or labels, nothing a check reads
-        self.revision += 1
-        if record.key == key:
-            key = record.key  # one string for the record and the keys it is filed under
-        # Most pods align nothing (no ``numa``), and a list's are new: no call for either.
-        unaccounted = bool(record.numa) and self._unaccounted(key, record)
-        if old is not None:
-            self._unindex(key)
-        self.ended.pop(key, None)
-        self.pods[key] = record
-        if record.pending is not None:
-            self._pending_names[(record.pending.namespace, record.pending.name)] = key
-        if record.node:
-            # A pod's ``name`` is set exactly when it holds an extended resource (``record_fields``):
-            # most pods are filed without a look at their requests.
+        self.set_pods(((key, record),))
+
+    def set_pods(self, items: Iterable[tuple[str, PodRecord | None]]) -> None:
+        """``set_pod`` for each ``(key, record)``, in order. A list files a whole cluster's pods
+        through here a page at a time: one call a page, not three a pod, was 0.65 µs of the
+        informer's 3.05 a pod (a tenth of a 1.3 M-pod replica's start-up)."""
+        pods, usages, ended = self.pods, self._usage, self.ended
+        for key, record in items:
+            if record is None:
+                self.remove_pod(key)
+                continue
+            old = pods.get(key)
+            if old is not None and old == record:
+                continue  # most watch events change status or labels, nothing a check reads
+            self.revision += 1
+            if record.key == key:
+                key = record.key  # one string for the record and the keys it is filed under
+            # Most pods align nothing (no ``numa``), and a list's are new: no call for either.
+            unaccounted = bool(record.numa) and self._unaccounted(key, record)
+            if old is not None:
+                self._unindex(key)
+            if ended:
+                ended.pop(key, None)
+            pods[key] = record
+            if record.pending is not None:
+                self._pending_names[(record.pending.namespace, record.pending.name)] = key
+            node = record.node
+            if not node:
+                continue
+            # A pod's ``name`` is set exactly when it holds an extended resource
+            # (``record_fields``): most pods are filed without a look at their requests.
             for resource in record.devices if record.name else ():
-                held = self._node_devices.setdefault(record.node, {})
+                held = self._node_devices.setdefault(node, {})
                 held.setdefault(resource, Counter())[record.scheduler] += 1
-            usage = self._usage.get(record.node)
+            usage = usages.get(node)
             if usage is None:
-                usage = self._usage[record.node] = NodeUsage()
+                usage = usages[node] = NodeUsage()
             usage.pods[key] = record
             requested = usage.requested
             for resource, amount in record.requests.items():
