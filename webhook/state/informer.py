@@ -438,7 +438,10 @@ class Informer:
         A page is applied as it is read, so a relist holds the state and one page of objects at
         a time, even from a server that ignores ``limit`` and sends everything at once.
         """
-        seen: set[str] = set()
+        with self.lock:
+            # Only a relist can leave something behind to remove: the first list's keys (1.3 M
+            # of them at 65,000 nodes: 5% of the start-up, a 64 MiB set) are not kept.
+            seen: set[str] | None = set() if kind.present() else None
         resource_version = ""
         self.versions.pop(kind.name, None)  # from the first page on, the state is of no one version
         for page in self._pages(kind):
@@ -455,7 +458,7 @@ class Informer:
                 freeze_survivors()
             self._touch(kind)
         with self.lock:
-            for key in [k for k in kind.present() if k not in seen]:
+            for key in [k for k in kind.present() if k not in seen] if seen is not None else ():
                 kind.drop(key)
             version = self.versions[kind.name] = last or resource_version
         return version
@@ -494,7 +497,7 @@ class Informer:
             body = ahead.result() if ahead is not None else None
             page = fetch(page.continue_token) if body is None else page_of(kind.name, body, kind.decode)
 
-    def _apply_listed(self, kind: _Kind, objects: list[Any], seen: set[str]) -> None:
+    def _apply_listed(self, kind: _Kind, objects: list[Any], seen: set[str] | None) -> None:
         if kind.name == "pods" and self.state.storm is not None:
             for obj in filter(_storm_reads, objects):
                 self.state.storm.observe(obj, None, time.time())  # listed: at its creation time
@@ -504,7 +507,8 @@ class Informer:
             for obj in objects
         ]
         with self.lock:
-            seen.update([key for key, _ in built])
+            if seen is not None:
+                seen.update([key for key, _ in built])
             if kind.store_page is not None:
                 kind.store_page(built)
                 return
