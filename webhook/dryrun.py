@@ -295,8 +295,8 @@ def _may_hold_a_template(value: Any) -> bool:
 
 def _template_at(value: Any) -> tuple[list[str | int], str] | None:
     """The steps (innermost first) to the first string holding a template, and that string.
-    The path is built only for what is found: building it at every step was most of
-    ``check``'s time after the parse."""
+    The path is built only for what is found: building it at every step was a third of the
+    time ``check`` took to judge a Deployment."""
     if isinstance(value, str):
         return ([], value) if "{{" in value and TEMPLATE.search(value) else None
     if isinstance(value, Mapping):

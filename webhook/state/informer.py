@@ -649,15 +649,14 @@ def _storm_reads(pod: _Listed) -> bool:
     return isinstance(status, dict) and status.get("phase") in ("Failed", "Running")
 
 
+# A forked list's ``PodRecord``s need neither: ``Informer._apply_listed`` files them as they are.
 def _pod_key(obj: _Listed) -> str:
-    if isinstance(obj, (PodRecord, Unlisted)):
+    if isinstance(obj, Unlisted):
         return obj.key
     return listed_key(obj) if isinstance(obj, ListedPod) else object_key(obj)
 
 
 def _live_pod_record(obj: _Listed) -> PodRecord | None:
-    if isinstance(obj, PodRecord):
-        return obj
     if isinstance(obj, Unlisted):
         return obj.record()
     if isinstance(obj, ListedPod):

@@ -521,8 +521,8 @@ class ClusterState:
 
     def set_pods(self, items: Iterable[tuple[str, PodRecord | None]]) -> None:
         """``set_pod`` for each ``(key, record)``, in order. A list files a whole cluster's pods
-        through here a page at a time: one call a page, not three a pod, was 0.65 µs of the
-        informer's 3.05 a pod (a tenth of a 1.3 M-pod replica's start-up)."""
+        through here, a page a call: the informer's filing went from 3.05 to 2.41 µs a pod
+        (with a forked list's records filed as they come), 0.8 s of a 1.3 M-pod start-up."""
         pods, usages, ended = self.pods, self._usage, self.ended
         for key, record in items:
             if record is None:
