@@ -271,16 +271,16 @@ def unrendered(obj: Mapping[str, Any]) -> None:
     for key in ("name", "generateName", "namespace"):
         _no_template(metadata.get(key), f"metadata.{key}")
     if pod_shape(obj) is not None:
-        _scan(obj, "")
+        _scan(obj)
 
 
-def _scan(value: Any, path: str) -> None:
+def _scan(value: Any) -> None:
     if not _may_hold_a_template(value):
         return
     found = _template_at(value)
     if found is not None:
         steps, text = found
-        raise FieldError(_joined(path, reversed(steps)), f"{text!r} is {HELM_HINT}")
+        raise FieldError(_joined(reversed(steps)), f"{text!r} is {HELM_HINT}")
 
 
 def _may_hold_a_template(value: Any) -> bool:
@@ -312,7 +312,8 @@ def _template_at(value: Any) -> tuple[list[str | int], str] | None:
     return None
 
 
-def _joined(path: str, steps: Iterable[str | int]) -> str:
+def _joined(steps: Iterable[str | int]) -> str:
+    path = ""
     for step in steps:
         path = f"{path}[{step}]" if isinstance(step, int) else f"{path}.{step}" if path else step
     return path

@@ -458,8 +458,9 @@ class Informer:
                 freeze_survivors()
             self._touch(kind)
         with self.lock:
-            for key in [k for k in kind.present() if k not in seen] if seen is not None else ():
-                kind.drop(key)
+            if seen is not None:
+                for key in [k for k in kind.present() if k not in seen]:
+                    kind.drop(key)
             version = self.versions[kind.name] = last or resource_version
         return version
 
